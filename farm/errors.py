@@ -1,0 +1,50 @@
+"""The farm's exception types.
+
+Two families are kept apart everywhere, from here to the JUnit report:
+- ``InfraError``: the infrastructure failed (device gone, adb error, timeout, pool unavailable).
+  Reported as a JUnit ``<error>``, retried on another device, never counted against the model.
+- ``UsageError``: the input is bad (a file, a flag, a config key). Its message names what is wrong.
+A test *failure* (tokens differ, throughput under threshold) is a plain assertion, not a FarmError.
+"""
+
+from __future__ import annotations
+
+
+class FarmError(Exception):
+    """Base of every error the farm raises on purpose. ``str(e)`` is a one-line message."""
+
+
+class UsageError(FarmError):
+    """Bad input: a missing or corrupt file, an invalid flag, config key or manifest field."""
+
+
+class InfraError(FarmError):
+    """The infrastructure failed; the code under test is not to blame."""
+
+    def __init__(self, message: str, *, serial: str | None = None):
+        super().__init__(message)
+        self.serial = serial
+
+
+class AdbError(InfraError):
+    """The adb server or a device transport reported an error."""
+
+
+class DeviceGone(InfraError):
+    """The device vanished (unplugged, killed, offline) during an operation."""
+
+
+class DeviceTimeout(InfraError):
+    """A command on the device did not finish in time; it was killed."""
+
+
+class PoolError(InfraError):
+    """The device pool (its database) cannot be reached or refused an operation."""
+
+
+class LeaseTimeout(InfraError):
+    """No device matching a request became available in time."""
+
+
+class LeaseError(UsageError):
+    """A lease operation with a stale or foreign token."""
