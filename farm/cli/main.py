@@ -1,0 +1,40 @@
+"""Entry point of the ``farm`` command: one click group, one module per sub-command family."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from farm.errors import FarmError, InfraError
+
+
+class FarmGroup(click.Group):
+    """Turns FarmError into a one-line message and a non-zero exit, never a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except FarmError as e:
+            kind = type(e).__name__
+            click.echo(f"farm: error: {e} [{kind}]", err=True)
+            sys.exit(3 if isinstance(e, InfraError) else 2)
+
+
+@click.group(cls=FarmGroup)
+@click.version_option(package_name="ptefarm")
+def main() -> None:
+    """ptefarm: lease Snapdragon devices, deploy ExecuTorch .pte bundles, run and report."""
+
+
+def _register() -> None:
+    # Each sub-command family lives in its own module and is added here.
+    from farm.cli import export as export_cli
+
+    main.add_command(export_cli.export)
+
+
+_register()
+
+if __name__ == "__main__":
+    main()
