@@ -1,0 +1,5 @@
+# Shared fixtures live in tests/support/, one module per area, so that each stays small.
+pytest_plugins = [
+    "tests.support.bundle",
+    "tests.support.virtual",
+]

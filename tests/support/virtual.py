@@ -1,0 +1,1 @@
+"""Fixtures: virtual Snapdragon devices behind a real adb server of the test's own."""
