@@ -1,0 +1,139 @@
+"""`farm export`: the reference bundle (kv and hybrid .pte, tokenizer, manifest), cached by content.
+
+The cache key is a digest of the model config, the tokenizer's training input and this exporter's
+version (plus torch/executorch versions): the same config exports once per machine, and a change to any
+of them exports anew into a new directory. A finished bundle is published by an atomic rename of its
+directory, so a crash mid-export never leaves a bundle that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from farm.bundle import Bundle, Mode, describe_file
+from farm.config import farm_home
+from farm.errors import UsageError
+from farm.model.llama import CONFIGS, LlamaConfig
+from farm.model.tokenizer import CORPUS, N_MERGES, train_ranks, write_tiktoken_model
+
+# Bump when the exported programs or the bundle layout change in a way the cache must not hide.
+EXPORTER_VERSION = "1"
+KV_PTE = "kv_llama_xnnpack.pte"
+HYBRID_PTE = "hybrid_llama_xnnpack.pte"
+TOKENIZER = "tokenizer.model"
+MANIFEST = "manifest.json"
+
+
+def resolve_config(name: str) -> LlamaConfig:
+    if name not in CONFIGS:
+        raise UsageError(f"--config: unknown config {name!r} (known: {', '.join(CONFIGS)})")
+    return CONFIGS[name]
+
+
+def cache_key(cfg: LlamaConfig) -> str:
+    import executorch
+    import torch
+
+    et_version = getattr(executorch, "__version__", None) or _dist_version("executorch")
+    material = json.dumps({"config": cfg.to_dict(), "exporter": EXPORTER_VERSION,
+                           "tokenizer": [CORPUS, N_MERGES], "torch": torch.__version__,
+                           "executorch": et_version}, sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name)
+
+
+def default_cache_dir() -> Path:
+    return farm_home() / "exports"
+
+
+def export_bundle(config_name: str = "tiny", out_dir: str | os.PathLike | None = None) -> Path:
+    """Export (or find in the cache) the reference bundle; returns the manifest's path."""
+    cfg = resolve_config(config_name)
+    root = Path(out_dir) if out_dir else default_cache_dir()
+    final = root / f"reference-{cfg.name}-{cache_key(cfg)}"
+    manifest = final / MANIFEST
+    if manifest.is_file():
+        return manifest
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out: cannot create {root}: {e.strerror}") from None
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        _export_into(cfg, staging)
+        try:
+            os.rename(staging, final)
+        except OSError:
+            # Another process published the same bundle first: theirs is identical, keep it.
+            if not manifest.is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def _export_into(cfg: LlamaConfig, out: Path) -> None:
+    import torch
+
+    ranks = train_ranks()
+    write_tiktoken_model(out / TOKENIZER, ranks)
+    from farm.model.tokenizer import load_tokenizer
+
+    n_words = load_tokenizer(out / TOKENIZER).n_words
+    cfg = replace(cfg, vocab_size=n_words, n_base_tokens=len(ranks))
+
+    from farm.model.llama import LlamaWeights, StaticLlama
+
+    weights = LlamaWeights(cfg).eval()
+    metadata = _metadata_methods(cfg)
+    with torch.no_grad():
+        _lower({"forward": StaticLlama(weights, 1)}, metadata, out / KV_PTE)
+        _lower({"prefill_forward": StaticLlama(weights, cfg.prefill_ar_len),
+                "kv_forward": StaticLlama(weights, 1)}, metadata, out / HYBRID_PTE)
+
+    files = [describe_file(out, out / KV_PTE, role="pte"),
+             describe_file(out, out / HYBRID_PTE, role="pte"),
+             describe_file(out, out / TOKENIZER, role="tokenizer")]
+    bundle = Bundle(
+        name=f"reference-{cfg.name}",
+        runner_dialect="host",
+        tokenizer=TOKENIZER,
+        files=files,
+        modes={"kv": Mode(pte=KV_PTE, eval_mode=0, ar_len=1),
+               "hybrid": Mode(pte=HYBRID_PTE, eval_mode=1, ar_len=cfg.prefill_ar_len)},
+        decoder_model_version="llama3",
+        model=cfg.to_dict() | {"head_dim": cfg.head_dim, "exporter_version": EXPORTER_VERSION},
+    )
+    bundle.write(out / MANIFEST)
+
+
+def _metadata_methods(cfg: LlamaConfig) -> dict[str, int]:
+    # Constant methods in the program, as upstream's llama exports carry them: a runner learns the
+    # model's shape from the .pte itself, not from a side file.
+    return {"get_max_seq_len": cfg.max_seq_len, "get_vocab_size": cfg.vocab_size,
+            "get_n_layers": cfg.n_layers, "get_n_kv_heads": cfg.n_kv_heads,
+            "get_head_dim": cfg.head_dim, "get_prefill_ar_len": cfg.prefill_ar_len,
+            "get_bos_id": cfg.n_base_tokens, "get_n_base_tokens": cfg.n_base_tokens}
+
+
+def _lower(methods: dict, metadata: dict[str, int], path: Path) -> None:
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    programs = {name: torch.export.export(m, m.example_inputs(), strict=False)
+                for name, m in methods.items()}
+    edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()],
+                                       constant_methods=metadata)
+    path.write_bytes(edge.to_executorch().buffer)

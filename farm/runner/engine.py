@@ -1,0 +1,265 @@
+"""The host runner's engine: load a static-llama .pte, prefill and decode through a KV I/O manager.
+
+It follows qnn_llama_runner v1.0.1: eval_mode 0 runs everything through `forward` (ar_len 1); eval_mode 1
+prefills in chunks of ar_len P with `prefill_forward` (the last chunk shorter) and decodes with
+`kv_forward`. Timestamps and the tokens/second figure are taken where upstream takes them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from farm.errors import UsageError
+from farm.runner.io_manager import UPDATERS, ContextFull, IoMgr, KVShape
+
+METHODS = {0: ("forward", "forward"), 1: ("prefill_forward", "kv_forward")}
+EVAL_MODE_NAMES = {0: "kv", 1: "hybrid", 2: "lookahead"}
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Stats:
+    """The fields of upstream's `PyTorchObserver {json}` line (extension/llm/runner/stats.h)."""
+
+    model_load_start_ms: int = 0
+    model_load_end_ms: int = 0
+    inference_start_ms: int = 0
+    token_encode_end_ms: int = 0
+    prompt_eval_end_ms: int = 0
+    first_token_ms: int = 0
+    inference_end_ms: int = 0
+    aggregate_sampling_time_ms: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+    def to_json(self) -> dict:
+        d = dict(self.__dict__)
+        d["SCALING_FACTOR_UNITS_PER_SECOND"] = 1000
+        return d
+
+    def tokens_per_second(self) -> float:
+        """inference_speed.txt: generated tokens over inference time (prefill included), as upstream."""
+        elapsed_s = max(self.inference_end_ms - self.inference_start_ms, 1) / 1000.0
+        if self.generated_tokens:
+            return self.generated_tokens / elapsed_s
+        prompt_s = max(self.prompt_eval_end_ms - self.inference_start_ms, 1) / 1000.0
+        return self.prompt_tokens / prompt_s
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    generated_ids: list[int]
+    text: bytes  # echoed prompt + generated text, as the runner writes it
+    stats: Stats = field(default_factory=Stats)
+
+
+class PromptTemplate:
+    """Turns prompts into token ids per --decoder_model_version (chat template and end tokens)."""
+
+    def __init__(self, tokenizer, version: str):
+        self.tok = tokenizer
+        self.version = version
+        specials = tokenizer.special_tokens
+        if version == "llama3":
+            self.eos_ids = {specials["<|eot_id|>"], specials["<|end_of_text|>"]}
+        elif version == "llama2":
+            self.eos_ids = {tokenizer.eos_id}
+        else:
+            raise UsageError(f"--decoder_model_version: unsupported {version!r} "
+                             "(this runner knows llama2 and llama3)")
+
+    def encode_turn(self, prompt: str, system_prompt: str, first: bool) -> list[int]:
+        enc = self.tok.encode
+        if self.version == "llama2":
+            return enc(prompt, bos=first, eos=False)
+
+        def marker(text: str) -> list[int]:
+            return enc(text, bos=False, eos=False, allowed_special="all")
+
+        def user_text(text: str) -> list[int]:
+            # A prompt that contains "<|eot_id|>" is text, never a marker.
+            return enc(text, bos=False, eos=False) if text else []
+
+        ids = [self.tok.bos_id] if first else []
+        if first and system_prompt:
+            ids += marker("<|start_header_id|>system<|end_header_id|>\n\n")
+            ids += user_text(system_prompt) + marker("<|eot_id|>")
+        ids += marker("<|start_header_id|>user<|end_header_id|>\n\n") + user_text(prompt)
+        ids += marker("<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+        return ids
+
+    def piece(self, token_id: int) -> bytes:
+        return self.tok.model.decode_single_token_bytes(token_id)
+
+
+class LlamaRunner:
+    def __init__(self, model_path: str, tokenizer_path: str, eval_mode: int,
+                 io_mgr_cls: type[IoMgr], decoder_model_version: str = "llama3"):
+        from farm.model.tokenizer import load_tokenizer
+
+        if eval_mode not in METHODS:
+            raise UsageError(f"--eval_mode: {eval_mode} ({EVAL_MODE_NAMES.get(eval_mode, 'unknown')}) "
+                             "is not supported; use 0 (kv) or 1 (hybrid)")
+        self.stats = Stats(model_load_start_ms=now_ms())
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.template = PromptTemplate(self.tokenizer, decoder_model_version)
+        self.program = _load_program(model_path)
+        names = set(self.program.method_names)
+        needed = set(METHODS[eval_mode])
+        if missing := sorted(needed - names):
+            raise UsageError(f"--model_path: {model_path} has no method {missing[0]!r} needed by "
+                             f"--eval_mode {eval_mode} (it has: {', '.join(sorted(names))})")
+        prefill_name, decode_name = METHODS[eval_mode]
+        self.prefill = self.program.load_method(prefill_name)
+        self.decode = self.program.load_method(decode_name)
+        self.shape, self.vocab_size = self._read_shape(model_path)
+        self.prefill_ar = self.prefill.metadata.input_tensor_meta(0).sizes()[1]
+        self.decode_ar = self.decode.metadata.input_tensor_meta(0).sizes()[1]
+        if self.decode_ar != 1:
+            raise UsageError(f"--model_path: method {decode_name!r} has ar_len {self.decode_ar}, "
+                             "expected 1")
+        self.eval_mode = eval_mode
+        self.io = io_mgr_cls(self.shape, [self.prefill_ar, self.decode_ar])
+        self.stats.model_load_end_ms = now_ms()
+
+    def _read_shape(self, model_path: str) -> tuple[KVShape, int]:
+        def const(name: str) -> int:
+            if name not in self.program.method_names:
+                raise UsageError(f"--model_path: {model_path} lacks metadata method {name!r}")
+            return int(self.program.load_method(name).execute([])[0])
+
+        shape = KVShape(n_layers=const("get_n_layers"), n_kv_heads=const("get_n_kv_heads"),
+                        head_dim=const("get_head_dim"), max_seq_len=const("get_max_seq_len"))
+        meta = self.decode.metadata
+        expected = 3 + 2 * shape.n_caches
+        if meta.num_inputs() != expected:
+            raise UsageError(f"--model_path: {model_path} has {meta.num_inputs()} inputs, the static "
+                             f"llama contract needs {expected}")
+        vocab = const("get_vocab_size")
+        if vocab != self.tokenizer.n_words:
+            raise UsageError(f"--tokenizer_path: tokenizer has {self.tokenizer.n_words} tokens, "
+                             f"the model's vocabulary is {vocab}")
+        return shape, vocab
+
+    @property
+    def context_len(self) -> int:
+        return self.shape.max_seq_len
+
+    def max_prompt_len(self) -> int:
+        # Prefill writes its entries into the prefill method's cache (max_seq_len - ar_len entries).
+        return self.shape.max_seq_len - self.prefill_ar
+
+    def generate(self, prompts: list[str], system_prompt: str, seq_len: int, temperature: float,
+                 seed: int, on_piece: Callable[[bytes], None] | None = None) -> Generation:
+        if seq_len > self.context_len:
+            raise UsageError(f"--seq_len: {seq_len} exceeds the model's context length "
+                             f"{self.context_len}")
+        if seq_len < 1:
+            raise UsageError(f"--seq_len: must be positive, got {seq_len}")
+        if temperature < 0:
+            raise UsageError(f"--temperature: must be >= 0, got {temperature}")
+        gen = torch.Generator().manual_seed(seed)
+        stats = Stats(model_load_start_ms=self.stats.model_load_start_ms,
+                      model_load_end_ms=self.stats.model_load_end_ms, inference_start_ms=now_ms())
+        self.io.switch_method(self.prefill_ar)
+        self.io.reset()
+        emit = on_piece or (lambda b: None)
+        text = bytearray()
+
+        def out(token: int) -> None:
+            piece = self.template.piece(token)
+            text.extend(piece)
+            emit(piece)
+
+        all_prompt: list[int] = []
+        generated: list[int] = []
+        for turn, prompt in enumerate(prompts):
+            ids = self.template.encode_turn(prompt, system_prompt, first=turn == 0)
+            if self.io.n_past + len(ids) > self.max_prompt_len() or self.io.n_past + len(ids) >= seq_len:
+                raise UsageError(
+                    f"--prompt: {self.io.n_past + len(ids)} prompt tokens do not fit: --seq_len is "
+                    f"{seq_len} and the {EVAL_MODE_NAMES[self.eval_mode]} method takes at most "
+                    f"{self.max_prompt_len()} prompt tokens (context {self.context_len})")
+            all_prompt += ids
+            if turn == 0:
+                stats.token_encode_end_ms = now_ms()
+            for t in ids:
+                out(t)
+            logits = self._prefill(ids)
+            if turn == 0:
+                stats.prompt_eval_end_ms = now_ms()
+            token = self._sample(logits, temperature, gen, stats)
+            self.io.switch_method(self.decode_ar)
+            while True:
+                generated.append(token)
+                out(token)
+                if turn == 0 and len(generated) == 1:
+                    stats.first_token_ms = now_ms()
+                if token in self.template.eos_ids or self.io.n_past + 1 >= seq_len:
+                    break
+                logits = self._step(self.decode, [token])
+                token = self._sample(logits, temperature, gen, stats)
+            if turn + 1 < len(prompts):
+                # The last token of a turn is not in the cache yet: the next turn starts with it.
+                self._step(self.decode, [token])
+                self.io.switch_method(self.prefill_ar)
+        stats.inference_end_ms = now_ms()
+        stats.prompt_tokens = len(all_prompt)
+        stats.generated_tokens = len(generated)
+        return Generation(prompt_ids=all_prompt, generated_ids=generated, text=bytes(text), stats=stats)
+
+    def _prefill(self, ids: list[int]) -> torch.Tensor:
+        logits = None
+        for start in range(0, len(ids), self.prefill_ar):
+            logits = self._step(self.prefill, ids[start : start + self.prefill_ar])
+        return logits
+
+    def _step(self, method, tokens: list[int]) -> torch.Tensor:
+        """Run one step; returns the logits of the step's last valid token."""
+        try:
+            inputs = self.io.inputs(tokens, self.io.n_past)
+        except ContextFull as e:
+            raise UsageError(f"--seq_len: context exhausted: {e}") from None
+        outputs = method.execute(inputs)
+        self.io.update(list(outputs), len(tokens))
+        return outputs[0][0, len(tokens) - 1]
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, temperature: float, gen: torch.Generator, stats: Stats) -> int:
+        start = now_ms()
+        if temperature == 0:
+            token = int(torch.argmax(logits))
+        else:
+            probs = torch.softmax(logits.double() / temperature, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=gen))
+        stats.aggregate_sampling_time_ms += now_ms() - start
+        return token
+
+
+def _load_program(model_path: str):
+    from executorch.runtime import Runtime
+
+    p = Path(model_path)
+    if not p.is_file():
+        raise UsageError(f"--model_path: {p} does not exist")
+    try:
+        return Runtime.get().load_program(p)
+    except Exception as e:  # the runtime raises RuntimeError/ValueError with its own error codes
+        raise UsageError(f"--model_path: {p} is not a loadable .pte program "
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})") \
+            from None
+
+
+def updater_class(name: str) -> type[IoMgr]:
+    if name not in UPDATERS:
+        raise UsageError(f"--kv_updater: unknown updater {name!r} (known: {', '.join(UPDATERS)})")
+    return UPDATERS[name]

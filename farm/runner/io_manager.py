@@ -1,0 +1,224 @@
+"""KV-cache I/O managers: SmartMask and ShiftPointer, with the memory layouts of qnn_llama_runner v1.0.1.
+
+Both present the model with the same (K, V) pairs and the same attention mask, at different places:
+
+SmartMask: one fixed buffer per layer x kv head. A step that produced n entries at absolute position pos
+copies them into cache slots [pos, pos+n) (K: one strided copy across the head_dim rows; V: one copy)
+and unmasks mask columns [pos, pos+n). On a phone the buffers stay registered with the HTP.
+
+ShiftPointer: entries are right-aligned; the newest sits in column cache_len-1 and the occupied window
+grows leftward. K lives in a per-head buffer of (head_dim+1)*cache_len floats and the model's K input is a
+zero-copy view of it at offset n_past (a contiguous [head_dim, cache_len] window); the new entries of row
+d are written at buffer + cache_len + n_past + d*cache_len, the end of row d in the next window. V's input
+is the window at n_past*head_dim; the model's V output belongs right after it, so advancing the offset by
+n*head_dim makes the output the last rows of the next input. (The host runtime returns outputs in memory
+of its own, so this runner copies V there; on the phone the output tensor is bound to that address.)
+Mask columns [cache_len-n_past-n, cache_len-n_past) are set to attend.
+
+Hybrid mode runs a prefill method (ar_len = P) and then a decode method (ar_len = 1): cache_len changes
+from max_seq_len-P to max_seq_len-1 and with it K's row stride, so K rows are rearranged once by
+``switch_method``; ShiftPointer also moves V, since its windows are right-aligned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from farm.model.llama import MASK_MIN, causal_block
+
+
+@dataclass(frozen=True)
+class KVShape:
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    max_seq_len: int
+
+    @property
+    def n_caches(self) -> int:
+        return self.n_layers * self.n_kv_heads
+
+
+class ContextFull(Exception):
+    """The cache has no room for the entries of another step."""
+
+
+class IoMgr:
+    """Shared base: owns the mask, n_past and the current method's ar_len; subclasses own the caches."""
+
+    name = "base"
+
+    def __init__(self, shape: KVShape, ar_lens: list[int]):
+        self.shape = shape
+        self.max_ar_len = max(ar_lens)
+        self.min_ar_len = min(ar_lens)
+        self.n_past = 0
+        self.ar_len = ar_lens[0]
+        self._allocate()
+        self.mask = self._fresh_mask()
+
+    # -- what subclasses provide ------------------------------------------------------------------
+    def _allocate(self) -> None:
+        raise NotImplementedError
+
+    def k_inputs(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def v_inputs(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def _store(self, new_k: list[torch.Tensor], new_v: list[torch.Tensor], n: int) -> None:
+        """Put the first n entries of this step's outputs into the cache; n_past is not yet advanced."""
+        raise NotImplementedError
+
+    def _attend_columns(self, n_past: int, n: int) -> slice:
+        """The mask columns of cache entries [n_past, n_past+n)."""
+        raise NotImplementedError
+
+    def _rearrange(self, old_cache_len: int, new_cache_len: int) -> None:
+        raise NotImplementedError
+
+    # -- the shared protocol ----------------------------------------------------------------------
+    @property
+    def cache_len(self) -> int:
+        return self.shape.max_seq_len - self.ar_len
+
+    def _fresh_mask(self) -> torch.Tensor:
+        """The current method's mask: the causal block of the step's tokens, the cached entries open."""
+        mask = torch.full((1, self.ar_len, self.shape.max_seq_len), MASK_MIN)
+        mask[0, :, self.cache_len :] = causal_block(self.ar_len)
+        if self.n_past:
+            mask[0, :, self._attend_columns(0, self.n_past)] = 0.0
+        return mask
+
+    def inputs(self, tokens: list[int], start_pos: int) -> list[torch.Tensor]:
+        """Model inputs for up to ar_len tokens at absolute positions start_pos..; padded to ar_len."""
+        n = len(tokens)
+        if not 0 < n <= self.ar_len:
+            raise ValueError(f"{n} tokens for a method of ar_len {self.ar_len}")
+        if start_pos != self.n_past:
+            raise ValueError(f"step at position {start_pos} but the cache holds {self.n_past}")
+        if self.n_past + n > self.cache_len:
+            raise ContextFull(f"cache of {self.cache_len} entries has {self.n_past}, {n} more do not fit")
+        pad = self.ar_len - n
+        tok = torch.tensor([tokens + [0] * pad], dtype=torch.int32)
+        # Padding rows get in-range positions; their outputs are ignored and never stored.
+        last = self.shape.max_seq_len - 1
+        pos = torch.tensor([[min(start_pos + i, last) for i in range(self.ar_len)]], dtype=torch.int32)
+        return [tok, self.mask, pos, *self.k_inputs(), *self.v_inputs()]
+
+    def update(self, outputs: list[torch.Tensor], n: int) -> None:
+        """After a step that produced n valid entries: store them and unmask their columns."""
+        m = self.shape.n_caches
+        new_k, new_v = list(outputs[1 : 1 + m]), list(outputs[1 + m : 1 + 2 * m])
+        if self.n_past + n > self.cache_len:
+            raise ContextFull(f"cache of {self.cache_len} entries is full")
+        self._store(new_k, new_v, n)
+        self.mask[0, :, self._attend_columns(self.n_past, n)] = 0.0
+        self.n_past += n
+
+    def switch_method(self, ar_len: int) -> None:
+        """Move from the prefill method to the decode method (or back): new cache_len, same entries."""
+        if ar_len == self.ar_len:
+            return
+        old = self.cache_len
+        self.ar_len = ar_len
+        self._rearrange(old, self.cache_len)
+        self.mask = self._fresh_mask()
+
+    def reset(self) -> None:
+        self.n_past = 0
+        self.mask = self._fresh_mask()
+
+    # For tests and diagnostics: the cached K/V entries of one head in position order, whatever the layout.
+    def cached_k(self, head: int) -> torch.Tensor:
+        """[head_dim, n_past]"""
+        return self.k_inputs()[head][0][:, self._attend_columns(0, self.n_past)]
+
+    def cached_v(self, head: int) -> torch.Tensor:
+        """[n_past, head_dim]"""
+        return self.v_inputs()[head][0][self._attend_columns(0, self.n_past)]
+
+
+class SmartMaskIoMgr(IoMgr):
+    name = "SmartMask"
+
+    def _allocate(self) -> None:
+        s = self.shape
+        biggest = s.max_seq_len - self.min_ar_len
+        self.k_buf = [torch.zeros(s.head_dim * biggest) for _ in range(s.n_caches)]
+        self.v_buf = [torch.zeros(biggest * s.head_dim) for _ in range(s.n_caches)]
+
+    def k_inputs(self) -> list[torch.Tensor]:
+        cl, hd = self.cache_len, self.shape.head_dim
+        return [b[: hd * cl].view(1, hd, cl) for b in self.k_buf]
+
+    def v_inputs(self) -> list[torch.Tensor]:
+        cl, hd = self.cache_len, self.shape.head_dim
+        return [b[: cl * hd].view(1, cl, hd) for b in self.v_buf]
+
+    def _attend_columns(self, n_past: int, n: int) -> slice:
+        return slice(n_past, n_past + n)
+
+    def _store(self, new_k, new_v, n) -> None:
+        pos = self.n_past
+        for k_in, v_in, k, v in zip(self.k_inputs(), self.v_inputs(), new_k, new_v):
+            k_in[0, :, pos : pos + n] = k[0, :, :n]
+            v_in[0, pos : pos + n] = v[0, :n]
+
+    def _rearrange(self, old_cache_len: int, new_cache_len: int) -> None:
+        hd, n = self.shape.head_dim, self.n_past
+        for b in self.k_buf:
+            kept = b[: hd * old_cache_len].view(hd, old_cache_len)[:, :n].clone()
+            b[: hd * new_cache_len].view(hd, new_cache_len)[:, :n] = kept
+        # V rows keep their stride (head_dim): the first n rows are already where the new view reads.
+
+
+class ShiftPointerIoMgr(IoMgr):
+    name = "ShiftPointer"
+
+    def _allocate(self) -> None:
+        s = self.shape
+        biggest = s.max_seq_len - self.min_ar_len
+        self.k_buf = [torch.zeros((s.head_dim + 1) * biggest) for _ in range(s.n_caches)]
+        # Window (cache_len rows) at n_past, then the step's output rows right after it.
+        self.v_buf = [torch.zeros((2 * biggest + self.max_ar_len) * s.head_dim)
+                      for _ in range(s.n_caches)]
+
+    def k_inputs(self) -> list[torch.Tensor]:
+        cl, hd = self.cache_len, self.shape.head_dim
+        # The pointer moves, the data does not: a contiguous window starting at element n_past.
+        return [b.as_strided((1, hd, cl), (hd * cl, cl, 1), self.n_past) for b in self.k_buf]
+
+    def v_inputs(self) -> list[torch.Tensor]:
+        cl, hd = self.cache_len, self.shape.head_dim
+        return [b.as_strided((1, cl, hd), (cl * hd, hd, 1), self.n_past * hd) for b in self.v_buf]
+
+    def _attend_columns(self, n_past: int, n: int) -> slice:
+        cl = self.cache_len
+        return slice(cl - n_past - n, cl - n_past)
+
+    def _store(self, new_k, new_v, n) -> None:
+        cl, hd, p = self.cache_len, self.shape.head_dim, self.n_past
+        for kb, vb, k, v in zip(self.k_buf, self.v_buf, new_k, new_v):
+            # Row d's n new entries at p + (d+1)*cl: the tail of row d in the window at p+n.
+            kb.as_strided((hd, n), (cl, 1), p + cl).copy_(k[0, :, :n])
+            vb[(p + cl) * hd : (p + cl + n) * hd] = v[0, :n].reshape(-1)
+
+    def _rearrange(self, old_cache_len: int, new_cache_len: int) -> None:
+        hd, n = self.shape.head_dim, self.n_past
+        if n == 0:
+            return
+        # With the window at n_past, row d's valid entries sit at [(d+1)*cl, (d+1)*cl + n_past) and
+        # V's valid rows at [cl, cl + n_past): both move with cache_len.
+        for kb in self.k_buf:
+            kept = kb.as_strided((hd, n), (old_cache_len, 1), old_cache_len).clone()
+            kb.as_strided((hd, n), (new_cache_len, 1), new_cache_len).copy_(kept)
+        for vb in self.v_buf:
+            kept = vb[old_cache_len * hd : (old_cache_len + n) * hd].clone()
+            vb[new_cache_len * hd : (new_cache_len + n) * hd] = kept
+
+
+UPDATERS: dict[str, type[IoMgr]] = {"SmartMask": SmartMaskIoMgr, "ShiftPointer": ShiftPointerIoMgr}
