@@ -19,7 +19,7 @@ from pathlib import Path
 from farm.bundle import Bundle, Mode, describe_file
 from farm.config import farm_home
 from farm.errors import UsageError
-from farm.model.llama import CONFIGS, LlamaConfig
+from farm.model.config import CONFIGS, LlamaConfig
 from farm.model.tokenizer import CORPUS, N_MERGES, train_ranks, write_tiktoken_model
 
 # Bump when the exported programs or the bundle layout change in a way the cache must not hide.
@@ -37,13 +37,10 @@ def resolve_config(name: str) -> LlamaConfig:
 
 
 def cache_key(cfg: LlamaConfig) -> str:
-    import executorch
-    import torch
-
-    et_version = getattr(executorch, "__version__", None) or _dist_version("executorch")
+    # Versions from the installed distributions: importing torch would cost seconds on a cache hit.
     material = json.dumps({"config": cfg.to_dict(), "exporter": EXPORTER_VERSION,
-                           "tokenizer": [CORPUS, N_MERGES], "torch": torch.__version__,
-                           "executorch": et_version}, sort_keys=True)
+                           "tokenizer": [CORPUS, N_MERGES], "torch": _dist_version("torch"),
+                           "executorch": _dist_version("executorch")}, sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 

@@ -32,6 +32,16 @@ def _register() -> None:
     from farm.cli import export as export_cli
 
     main.add_command(export_cli.export)
+    from farm.cli import virtual as virtual_cli
+
+    main.add_command(virtual_cli.virtual)
+    from farm.cli import devices as devices_cli
+
+    for command in devices_cli.COMMANDS:  # devices, deploy, run
+        main.add_command(command)
+    from farm.cli import pool as pool_cli
+
+    main.add_command(pool_cli.pool)
 
 
 _register()

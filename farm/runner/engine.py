@@ -110,14 +110,13 @@ class LlamaRunner:
             raise UsageError(f"--eval_mode: {eval_mode} ({EVAL_MODE_NAMES.get(eval_mode, 'unknown')}) "
                              "is not supported; use 0 (kv) or 1 (hybrid)")
         self.stats = Stats(model_load_start_ms=now_ms())
-        self.tokenizer = load_tokenizer(tokenizer_path)
-        self.template = PromptTemplate(self.tokenizer, decoder_model_version)
         self.program = _load_program(model_path)
         names = set(self.program.method_names)
-        needed = set(METHODS[eval_mode])
-        if missing := sorted(needed - names):
+        if missing := [m for m in METHODS[eval_mode] if m not in names]:
             raise UsageError(f"--model_path: {model_path} has no method {missing[0]!r} needed by "
                              f"--eval_mode {eval_mode} (it has: {', '.join(sorted(names))})")
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.template = PromptTemplate(self.tokenizer, decoder_model_version)
         prefill_name, decode_name = METHODS[eval_mode]
         self.prefill = self.program.load_method(prefill_name)
         self.decode = self.program.load_method(decode_name)
@@ -170,8 +169,8 @@ class LlamaRunner:
         gen = torch.Generator().manual_seed(seed)
         stats = Stats(model_load_start_ms=self.stats.model_load_start_ms,
                       model_load_end_ms=self.stats.model_load_end_ms, inference_start_ms=now_ms())
-        self.io.switch_method(self.prefill_ar)
         self.io.reset()
+        self.io.switch_method(self.prefill_ar)
         emit = on_piece or (lambda b: None)
         text = bytearray()
 
@@ -189,6 +188,7 @@ class LlamaRunner:
                     f"--prompt: {self.io.n_past + len(ids)} prompt tokens do not fit: --seq_len is "
                     f"{seq_len} and the {EVAL_MODE_NAMES[self.eval_mode]} method takes at most "
                     f"{self.max_prompt_len()} prompt tokens (context {self.context_len})")
+            self.io.switch_method(self.prefill_ar)
             all_prompt += ids
             if turn == 0:
                 stats.token_encode_end_ms = now_ms()
@@ -211,7 +211,6 @@ class LlamaRunner:
             if turn + 1 < len(prompts):
                 # The last token of a turn is not in the cache yet: the next turn starts with it.
                 self._step(self.decode, [token])
-                self.io.switch_method(self.prefill_ar)
         stats.inference_end_ms = now_ms()
         stats.prompt_tokens = len(all_prompt)
         stats.generated_tokens = len(generated)

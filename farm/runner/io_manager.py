@@ -123,6 +123,8 @@ class IoMgr:
         """Move from the prefill method to the decode method (or back): new cache_len, same entries."""
         if ar_len == self.ar_len:
             return
+        if self.n_past > self.shape.max_seq_len - ar_len:
+            raise ContextFull(f"{self.n_past} cached entries do not fit a method of ar_len {ar_len}")
         old = self.cache_len
         self.ar_len = ar_len
         self._rearrange(old, self.cache_len)

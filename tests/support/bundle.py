@@ -1,1 +1,31 @@
 """Fixtures: the exported reference bundle (cached by content, so only the first run exports)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+
+def weights_for(manifest: Path):
+    """The reference model's weights, rebuilt from the config recorded in the manifest."""
+    from farm.model.llama import LlamaConfig, LlamaWeights
+
+    model = json.loads(Path(manifest).read_text())["model"]
+    names = {f.name for f in fields(LlamaConfig)}
+    return LlamaWeights(LlamaConfig(**{k: v for k, v in model.items() if k in names})).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle() -> Path:
+    """Manifest path of the `tiny` reference bundle."""
+    from farm.export import export_bundle
+
+    return export_bundle("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(tiny_bundle):
+    return weights_for(tiny_bundle)

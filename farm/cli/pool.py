@@ -1,0 +1,230 @@
+"""``farm pool ...``: the shared device pool from the shell and from CI jobs.
+
+    TOKEN=$(farm pool lease --soc SM8650 --ttl 3600 --priority pr)
+    eval "$(farm pool lease --soc SM8650 --format env)"   # PTEFARM_LEASE_TOKEN, ANDROID_SERIAL, ...
+    farm pool release "$TOKEN"
+
+A lease taken here has no heartbeat (the command exits): it lives for its TTL unless renewed with
+``farm pool renew``; pick a TTL that covers the job, and release when done.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from farm.config import FarmConfig, load_config
+from farm.errors import AdbError
+from farm.pool import Event, Holder, LeaseRequest, Pool, PoolStatus
+
+
+def _config(ctx: click.Context) -> FarmConfig:
+    return ctx.obj["config"]
+
+
+def _open(ctx: click.Context) -> Pool:
+    config = _config(ctx)
+    url = ctx.obj["url"]
+    if url:
+        return Pool.open(url, quarantine_after=config.pool.quarantine_after,
+                         default_ttl_s=config.pool.lease_ttl_s,
+                         default_timeout_s=config.pool.acquire_timeout_s)
+    return Pool.from_config(config)
+
+
+@click.group("pool")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="Farm config (default: $PTEFARM_CONFIG, ./farm.toml, else built-in defaults).")
+@click.option("--url", default=None, help="Pool URL, overriding the config's pool.url.")
+@click.pass_context
+def pool(ctx: click.Context, config_path: str | None, url: str | None) -> None:
+    """The shared device pool: leases, queue, health."""
+    ctx.obj = {"config": load_config(config_path), "url": url}
+
+
+@pool.command()
+@click.pass_context
+def sync(ctx: click.Context) -> None:
+    """Discover devices on the configured adb servers into the pool."""
+    from farm.devices import scan_server  # adb only here: the pool library does not need it
+
+    config = _config(ctx)
+    infos: list[Any] = []
+    unreachable = []
+    for server in config.adb_servers:
+        scan = scan_server(server, workspace_root=config.run.workspace)
+        if scan.error:
+            # Its devices cannot be used: they go offline like any vanished device.
+            unreachable.append(scan.error)
+        infos.extend(scan.devices)
+    with _open(ctx) as p:
+        report = p.sync(infos, servers=config.adb_servers)
+    for label, serials in (("added", report.added), ("back online", report.returned),
+                           ("offline", report.vanished), ("updated", report.updated)):
+        if serials:
+            click.echo(f"{label}: {', '.join(serials)}")
+    click.echo(f"{len(infos)} device(s) on {len(config.adb_servers)} adb server(s)")
+    if unreachable:
+        raise AdbError("; ".join(unreachable))
+
+
+def _age(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if abs(seconds) < 120:
+        return f"{seconds}s"
+    if abs(seconds) < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+def _status_tables(status: PoolStatus) -> list[Table]:
+    devices = Table(title="devices")
+    for col in ("serial", "server", "soc", "htp", "state", "holder", "expires in", "fails", "reason"):
+        devices.add_column(col)
+    for d in status.devices:
+        dev, lease = d.device, d.lease
+        devices.add_row(dev.serial, dev.server, dev.soc or "?", dev.htp_arch or "?", dev.state,
+                        lease.holder.describe() if lease else "",
+                        _age(lease.expires - status.now) if lease else "",
+                        str(dev.infra_failures) if dev.infra_failures else "", dev.reason)
+    tables = [devices]
+    if status.queue:
+        queue = Table(title="queue (served top first)")
+        for col in ("id", "priority", "request", "holder", "waiting"):
+            queue.add_column(col)
+        for q in status.queue:
+            queue.add_row(str(q.id), str(q.request.priority), q.request.describe(),
+                          q.holder.describe(), _age(status.now - q.enqueued))
+        tables.append(queue)
+    return tables
+
+
+@pool.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Devices, their states and holders, and the wait queue."""
+    with _open(ctx) as p:
+        st = p.status()
+    if as_json:
+        click.echo(json.dumps(st.to_dict(), indent=2))
+        return
+    console = Console()
+    if not st.devices:
+        click.echo("the pool has no devices: run 'farm pool sync'")
+    for table in _status_tables(st):
+        console.print(table)
+
+
+@pool.command()
+@click.option("--soc", "socs", multiple=True, help="Acceptable SoC (repeatable), e.g. SM8650.")
+@click.option("--min-htp", default=None, help="Minimum HTP arch, e.g. v73.")
+@click.option("--tag", "tags", multiple=True, help="Required device tag (repeatable).")
+@click.option("--serial", default=None, help="This device and no other.")
+@click.option("--virtual/--physical", "virtual", default=None, help="Only virtual / physical devices.")
+@click.option("--priority", default="adhoc", show_default=True,
+              help="release, nightly, pr, adhoc, or an integer; higher is served first.")
+@click.option("--ttl", type=float, default=None, help="Lease TTL in seconds (default: config).")
+@click.option("--timeout", type=float, default=None, help="Wait at most this long (default: config).")
+@click.option("--purpose", default="", help="Shown to others in status and timeout errors.")
+@click.option("--format", "fmt", type=click.Choice(["token", "env", "json"]), default="token",
+              show_default=True, help="token: the token only; env: shell assignments; json.")
+@click.pass_context
+def lease(ctx: click.Context, socs: tuple[str, ...], min_htp: str | None, tags: tuple[str, ...],
+          serial: str | None, virtual: bool | None, priority: str, ttl: float | None,
+          timeout: float | None, purpose: str, fmt: str) -> None:
+    """Lease a device and print its token (no heartbeat: renew or release it yourself)."""
+    request = LeaseRequest(socs=socs, min_htp_arch=min_htp, tags=tags, serial=serial, virtual=virtual,
+                           priority=priority)
+    with _open(ctx) as p:
+        got = p.acquire(request, Holder.current(purpose=purpose), ttl_s=ttl, timeout_s=timeout)
+    host, _, port = got.server.rpartition(":")
+    if fmt == "token":
+        click.echo(got.token)
+    elif fmt == "json":
+        click.echo(json.dumps({"token": got.token, "serial": got.serial, "server": got.server,
+                               "expires": got.info.expires}))
+    else:
+        for key, value in (("PTEFARM_LEASE_TOKEN", got.token), ("ANDROID_SERIAL", got.serial),
+                           ("ADB_SERVER_SOCKET", f"tcp:{host}:{port}")):
+            click.echo(f"{key}={shlex.quote(value)}")
+
+
+@pool.command()
+@click.argument("token")
+@click.option("--ttl", type=float, default=None, help="New TTL from now (default: config).")
+@click.pass_context
+def renew(ctx: click.Context, token: str, ttl: float | None) -> None:
+    """Extend a lease taken with 'farm pool lease'."""
+    with _open(ctx) as p:
+        info = p.renew(token, ttl if ttl is not None else p.default_ttl_s)
+    click.echo(f"{info.serial}: lease renewed for {info.expires - info.renewed:g}s")
+
+
+@pool.command()
+@click.argument("token")
+@click.pass_context
+def release(ctx: click.Context, token: str) -> None:
+    """Give a leased device back to the pool."""
+    with _open(ctx) as p:
+        info = p.release(token)
+    click.echo(f"{info.serial}: released")
+
+
+@pool.command()
+@click.argument("serial")
+@click.option("--reason", required=True, help="Why: shown in status until the device is restored.")
+@click.pass_context
+def quarantine(ctx: click.Context, serial: str, reason: str) -> None:
+    """Take a device out of the pool until 'farm pool restore'."""
+    with _open(ctx) as p:
+        p.quarantine(serial, reason)
+    click.echo(f"{serial}: quarantined ({reason})")
+
+
+@pool.command()
+@click.argument("serial")
+@click.pass_context
+def restore(ctx: click.Context, serial: str) -> None:
+    """Return a quarantined device to the pool and reset its failure count."""
+    with _open(ctx) as p:
+        state = p.restore(serial)
+    click.echo(f"{serial}: {state}")
+
+
+def _event_line(e: Event) -> str:
+    at = dt.datetime.fromtimestamp(e.at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    change = f" {e.from_state or '-'} -> {e.to_state}" if e.to_state else ""
+    subject = e.serial or (f"queue#{e.queue_id}" if e.queue_id is not None else "")
+    bits = [f"{at}Z #{e.id} {e.kind:<14} {subject}{change}"]
+    if e.holder:
+        bits.append(f"by {e.holder}")
+    if e.token:
+        bits.append(f"lease {e.token[:8]}")
+    if e.detail and e.kind not in ("leased", "queued"):
+        bits.append(e.detail)
+    return "  ".join(bits)
+
+
+@pool.command()
+@click.option("--serial", default=None, help="Only this device.")
+@click.option("--token", default=None, help="Only this lease.")
+@click.option("--limit", type=int, default=50, show_default=True, help="Last N events.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def history(ctx: click.Context, serial: str | None, token: str | None, limit: int,
+            as_json: bool) -> None:
+    """The event log: every state change, oldest first."""
+    with _open(ctx) as p:
+        events = p.history(serial=serial, token=token, limit=limit)
+    if as_json:
+        click.echo(json.dumps([e.to_dict() for e in events], indent=2))
+        return
+    for e in events:
+        click.echo(_event_line(e))

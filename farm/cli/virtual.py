@@ -1,0 +1,124 @@
+"""``farm virtual up|down|ls``: virtual Snapdragon devices behind the farm's own adb server."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from farm.config import load_config
+from farm.errors import UsageError
+from farm.virtual import SOC_PROFILES, VirtualDeviceSpec, VirtualFarm
+from farm.virtual.identity import load_identity
+
+
+def _farm(config_path: str | None) -> VirtualFarm:
+    config = load_config(config_path)
+    # Devices outlive this command: they are not tied to its pid; `farm virtual down` ends them.
+    return VirtualFarm(home=config.home, adb_port=config.adb_servers[0].port, tie_to_owner=False)
+
+
+def parse_soc_counts(socs: tuple[str, ...], counts: tuple[int, ...]) -> list[tuple[str, int]]:
+    """Pair --soc and --count: ``--soc SM8650:2``; or one --count per --soc, in order; or a single
+    --count for every --soc. No --soc: one SM8650."""
+    if not socs:
+        socs = ("SM8650",)
+    if counts and len(counts) not in (1, len(socs)):
+        raise UsageError(f"--count given {len(counts)} times for {len(socs)} --soc: give one "
+                         f"--count per --soc, a single --count for all, or use --soc SOC:N")
+    pairs = []
+    for i, item in enumerate(socs):
+        soc, sep, n = item.partition(":")
+        soc = soc.strip().upper()
+        if soc not in SOC_PROFILES:
+            raise UsageError(f"--soc {item}: unknown SoC '{soc}' "
+                             f"(known: {', '.join(sorted(SOC_PROFILES))})")
+        if sep:
+            if counts:
+                raise UsageError(f"--soc {item}: give the count either as SOC:N or with --count")
+            if not n.isdigit() or int(n) < 1:
+                raise UsageError(f"--soc {item}: count after ':' must be a positive integer")
+            count = int(n)
+        else:
+            count = counts[i if len(counts) > 1 else 0] if counts else 1
+        if count < 1:
+            raise UsageError(f"--count {count}: must be at least 1")
+        pairs.append((soc, count))
+    return pairs
+
+
+@click.group("virtual")
+def virtual() -> None:
+    """Virtual Snapdragon devices (processes speaking ADB on loopback) for running the farm
+    without phones. State: <farm home>/virtual/state.json."""
+
+
+@virtual.command("up")
+@click.option("--soc", "socs", multiple=True, metavar="SOC[:N]",
+              help="SoC of the devices to start, e.g. SM8650; SM8650:2 starts two. Repeatable. "
+                   f"Known: {', '.join(sorted(SOC_PROFILES))}. Default: one SM8650.")
+@click.option("--count", "counts", multiple=True, type=int, metavar="N",
+              help="How many of each --soc: one --count per --soc (paired in order), or a single "
+                   "--count for every --soc.")
+@click.option("--platform-only", is_flag=True,
+              help="Omit ro.soc.model (only ro.board.platform), like older builds.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Farm config file (default: $PTEFARM_CONFIG or ./farm.toml).")
+def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool,
+       config_path: str | None) -> None:
+    """Start virtual devices and connect them to the farm's adb server.
+
+    \b
+    Examples:
+      farm virtual up --soc SM8650:2 --soc SM8550
+      farm virtual up --soc SM8650 --count 2 --soc SM8550 --count 1
+    """
+    pairs = parse_soc_counts(socs, counts)
+    specs = [VirtualDeviceSpec(soc=soc, platform_only=platform_only)
+             for soc, n in pairs for _ in range(n)]
+    vf = _farm(config_path)
+    started = vf.up(specs)  # on failure it ends what it started
+    table = Table(title=f"virtual devices on adb server {vf.adb_server}")
+    for col in ("serial", "SoC", "platform", "model", "pid", "workspace"):
+        table.add_column(col)
+    for r in started:
+        props = load_identity(r.root).props
+        table.add_row(r.serial, props.get("ro.soc.model", "-"), props["ro.board.platform"],
+                      props["ro.product.model"], str(r.pid), str(r.workspace))
+    Console().print(table)
+    click.echo(f"use: ANDROID_ADB_SERVER_PORT={vf.adb_server.port} adb devices")
+
+
+@virtual.command("down")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None)
+def down(config_path: str | None) -> None:
+    """Disconnect and stop every virtual device and the adb server `up` started (also after a
+    crash)."""
+    vf = _farm(config_path)
+    n = len(vf.devices)
+    vf.down()
+    click.echo(f"stopped {n} virtual device(s)")
+
+
+@virtual.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None)
+def ls(as_json: bool, config_path: str | None) -> None:
+    """List the virtual devices, whether their process runs and their adb state."""
+    vf = _farm(config_path)
+    statuses = vf.ls()
+    if as_json:
+        click.echo(json.dumps({
+            "adb_server": str(vf.adb_server),
+            "devices": [{**s.record.to_json(), "alive": s.alive, "adb_state": s.adb_state}
+                        for s in statuses]}, indent=1))
+        return
+    table = Table(title=f"virtual devices on adb server {vf.adb_server}")
+    for col in ("serial", "SoC", "pid", "process", "adb state", "root"):
+        table.add_column(col)
+    for s in statuses:
+        table.add_row(s.record.serial, s.record.soc, str(s.record.pid),
+                      "running" if s.alive else "dead", s.adb_state, str(s.record.root))
+    Console().print(table)

@@ -1,0 +1,167 @@
+"""Device health: discovery results, infra-failure counting and quarantine.
+
+A device that fails for infrastructure reasons N times in a row (adb drops it, a push times out) leaves
+the pool as "quarantined" with the reason, until someone runs ``farm pool restore``. Discovery marks
+devices that vanished from their adb server "offline" and returns them when they reappear. Quarantine
+and offline outlive a lease: the holder keeps its lease, nobody new gets the device.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from farm.errors import UsageError
+from farm.pool.model import OFFLINE, QUARANTINED, DeviceInfoLike, DeviceRecord, SyncReport
+from farm.pool.rows import log_event, set_state, settled_state
+from farm.pool.store import Txn
+
+
+def _device_row(txn: Txn, serial: str) -> dict[str, Any]:
+    row = txn.one("SELECT * FROM devices WHERE serial = ?", (serial,))
+    if row is None:
+        raise UsageError(f"device {serial}: not in the pool (run 'farm pool sync' or check the serial)")
+    return row
+
+
+def _attrs_json(info: Any) -> str:
+    to_dict = getattr(info, "to_dict", None)
+    raw = to_dict() if callable(to_dict) else (dict(info) if isinstance(info, Mapping) else {})
+    return json.dumps(raw, sort_keys=True, default=str)
+
+
+def sync(txn: Txn, infos: Iterable[DeviceInfoLike | Mapping[str, Any]],
+         servers: Iterable[str] | None) -> SyncReport:
+    """Make the pool agree with a discovery result.
+
+    ``servers``: the adb servers that were scanned ("host:port"); only their devices can vanish, so a
+    host that syncs its own servers leaves other hosts' devices alone. None means every server.
+    """
+    pairs = []
+    unusable: dict[str, str] = {}  # serial -> why adb cannot use it (offline, unauthorized, probe error)
+    for info in infos:
+        rec = DeviceRecord.from_info(info)
+        adb_state = _field(info, "state") or "device"
+        if adb_state != "device":
+            error = _field(info, "error")
+            unusable[rec.serial] = f"adb state '{adb_state}' on {rec.server}" + \
+                (f": {error}" if error else "")
+        pairs.append((rec, info))
+    seen: dict[str, DeviceRecord] = {}
+    for rec, _ in pairs:
+        if rec.serial in seen and seen[rec.serial].server != rec.server:
+            raise UsageError(f"device {rec.serial}: reported by two adb servers "
+                             f"({seen[rec.serial].server} and {rec.server}); serials must be unique")
+        seen[rec.serial] = rec
+    scanned = None if servers is None else {str(s) for s in servers}
+    report = SyncReport()
+    existing = {r["serial"]: r for r in txn.all("SELECT * FROM devices")}
+    for rec, info in pairs:
+        row = existing.get(rec.serial)
+        if rec.serial in unusable:
+            _mark_unusable(txn, rec, row, unusable[rec.serial], report)
+            continue
+        attrs = (rec.server, rec.soc, rec.htp_arch, rec.model, int(rec.virtual), json.dumps(list(rec.tags)),
+                 _attrs_json(info))
+        if row is None:
+            txn.run("INSERT INTO devices (server, soc, htp_arch, model, virtual, tags, attrs, serial, "
+                    "state, first_seen, last_seen, state_since) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'available', ?, ?, ?)",
+                    (*attrs, rec.serial, txn.now, txn.now, txn.now))
+            log_event(txn, "added", serial=rec.serial, to_state="available", detail=rec.describe())
+            report.added.append(rec.serial)
+            continue
+        old_attrs = (row["server"], row["soc"], row["htp_arch"], row["model"], int(row["virtual"]),
+                     row["tags"], row["attrs"])
+        txn.run("UPDATE devices SET server = ?, soc = ?, htp_arch = ?, model = ?, virtual = ?, tags = ?, "
+                "attrs = ?, present = 1, last_seen = ? WHERE serial = ?",
+                (*attrs, txn.now, rec.serial))
+        if old_attrs[:6] != attrs[:6]:
+            log_event(txn, "updated", serial=rec.serial, detail=rec.describe())
+            report.updated.append(rec.serial)
+        if row["state"] == OFFLINE:
+            new = settled_state(txn, rec.serial, present=True)
+            set_state(txn, rec.serial, OFFLINE, new, reason="")
+            log_event(txn, "online", serial=rec.serial, from_state=OFFLINE, to_state=new,
+                      detail=f"seen again on {rec.server}")
+            report.returned.append(rec.serial)
+    for serial, row in existing.items():
+        if serial in seen or (scanned is not None and row["server"] not in scanned):
+            continue
+        if row["present"]:
+            txn.run("UPDATE devices SET present = 0 WHERE serial = ?", (serial,))
+        if row["state"] in (OFFLINE, QUARANTINED):
+            continue  # already out of the pool; quarantine stays the reason shown
+        set_state(txn, serial, row["state"], OFFLINE, reason=f"not found on {row['server']}")
+        log_event(txn, "offline", serial=serial, from_state=row["state"], to_state=OFFLINE,
+                  detail=f"not found on {row['server']}")
+        report.vanished.append(serial)
+    return report
+
+
+def _field(info: Any, key: str) -> Any:
+    return info.get(key) if isinstance(info, Mapping) else getattr(info, key, None)
+
+
+def _mark_unusable(txn: Txn, rec: DeviceRecord, row: dict[str, Any] | None, why: str,
+                   report: SyncReport) -> None:
+    """A device adb lists but cannot use (offline, unauthorized): in the pool, but offline. Its
+    attributes are not overwritten, they could not be read."""
+    if row is None:
+        txn.run("INSERT INTO devices (serial, server, virtual, state, reason, present, first_seen, "
+                "last_seen, state_since) VALUES (?, ?, ?, 'offline', ?, 0, ?, ?, ?)",
+                (rec.serial, rec.server, int(rec.virtual), why, txn.now, txn.now, txn.now))
+        log_event(txn, "added", serial=rec.serial, to_state=OFFLINE, detail=why)
+        report.added.append(rec.serial)
+        return
+    txn.run("UPDATE devices SET present = 0 WHERE serial = ?", (rec.serial,))
+    if row["state"] in (OFFLINE, QUARANTINED):
+        return
+    set_state(txn, rec.serial, row["state"], OFFLINE, reason=why)
+    log_event(txn, "offline", serial=rec.serial, from_state=row["state"], to_state=OFFLINE, detail=why)
+    report.vanished.append(rec.serial)
+
+
+def quarantine(txn: Txn, serial: str, reason: str) -> None:
+    row = _device_row(txn, serial)
+    if not reason.strip():
+        raise UsageError(f"device {serial}: quarantine needs a reason")
+    if row["state"] != QUARANTINED:
+        set_state(txn, serial, row["state"], QUARANTINED, reason=reason)
+    else:
+        txn.run("UPDATE devices SET reason = ? WHERE serial = ?", (reason, serial))
+    log_event(txn, "quarantined", serial=serial, from_state=row["state"], to_state=QUARANTINED,
+              detail=reason)
+
+
+def restore(txn: Txn, serial: str) -> str:
+    """Bring a quarantined device back (and reset its failure count); returns the new state."""
+    row = _device_row(txn, serial)
+    new = row["state"]
+    if row["state"] == QUARANTINED:
+        new = settled_state(txn, serial, present=bool(row["present"]))
+        set_state(txn, serial, QUARANTINED, new, reason="" if new != OFFLINE else "not found")
+    txn.run("UPDATE devices SET infra_failures = 0 WHERE serial = ?", (serial,))
+    log_event(txn, "restored", serial=serial, from_state=row["state"], to_state=new)
+    return new
+
+
+def record_infra_failure(txn: Txn, serial: str, reason: str, quarantine_after: int) -> bool:
+    """Count one infra failure; quarantine at ``quarantine_after`` in a row. True if quarantined now."""
+    row = _device_row(txn, serial)
+    failures = int(row["infra_failures"]) + 1
+    txn.run("UPDATE devices SET infra_failures = ? WHERE serial = ?", (failures, serial))
+    log_event(txn, "infra_failure", serial=serial, detail=f"{failures} in a row: {reason}")
+    if failures >= quarantine_after and row["state"] != QUARANTINED:
+        quarantine(txn, serial, f"{failures} consecutive infra failures; last: {reason}")
+        return True
+    return False
+
+
+def record_success(txn: Txn, serial: str) -> None:
+    row = _device_row(txn, serial)
+    if int(row["infra_failures"]):
+        txn.run("UPDATE devices SET infra_failures = 0 WHERE serial = ?", (serial,))
+        log_event(txn, "failures_reset", serial=serial,
+                  detail=f"success after {row['infra_failures']} infra failures")

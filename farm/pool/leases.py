@@ -1,0 +1,380 @@
+"""The leasing API: acquire a device by constraints, keep it alive with a heartbeat, release it.
+
+    pool = Pool.open("sqlite:///~/.ptefarm/pool.db")
+    with pool.acquire(LeaseRequest(socs=("SM8650",), priority=PRIORITIES["pr"]),
+                      ttl_s=300, timeout_s=600) as lease:
+        run_on(lease.serial, lease.server)
+
+Waiting is a row in the ``queue`` table. On each poll a waiter, inside a serialized write transaction,
+first reclaims expired leases, then takes an available device only if no waiter ahead of it (higher
+priority, or same priority and earlier arrival) could use that device. So waiters are served in priority
+then arrival order among those who want the same kind of device, and a waiter for a rare SoC does not
+block one for a common SoC. A waiter that stops polling (killed) is dropped after ``waiter_stale_s``.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from farm.config import FarmConfig
+from farm.errors import LeaseError, LeaseTimeout, PoolError
+from farm.pool import health
+from farm.pool.model import (AVAILABLE, LEASED, DeviceRecord, DeviceStatus, Event, Holder,
+                             LeaseInfo, LeaseRequest, PoolStatus, QueueEntry, SyncReport)
+from farm.pool.rows import (device_from_row, end_lease, event_from_row, holder_params,
+                            lease_from_row, log_event, queue_from_row, reclaim_expired, set_state)
+from farm.pool.store import Store, Txn, open_store
+
+DEFAULT_POLL_S = 0.05
+MAX_DESCRIBED_DEVICES = 12
+
+
+@dataclass
+class _Outcome:
+    """What one acquire attempt decided, carried out of the transaction (errors are raised after
+    commit, so that e.g. leaving the queue is not rolled back by the error itself)."""
+
+    lease: LeaseInfo | None = None
+    device: DeviceRecord | None = None
+    queue_id: int | None = None
+    timeout_message: str | None = None
+
+
+class Pool:
+    """A handle on the shared pool. Thread-safe; open one per process."""
+
+    def __init__(self, store: Store, *, quarantine_after: int = 3, default_ttl_s: float = 300.0,
+                 default_timeout_s: float = 600.0, poll_s: float = DEFAULT_POLL_S,
+                 waiter_stale_s: float = 30.0):
+        self.store = store
+        self.quarantine_after = quarantine_after
+        self.default_ttl_s = default_ttl_s
+        self.default_timeout_s = default_timeout_s
+        self.poll_s = poll_s
+        self.waiter_stale_s = waiter_stale_s
+
+    @classmethod
+    def open(cls, url: str, *, connect_timeout_s: float = 10.0, lock_timeout_s: float = 30.0,
+             **options: Any) -> Pool:
+        """Connect to the pool at ``url`` and create or migrate its schema."""
+        return cls(open_store(url, connect_timeout_s=connect_timeout_s,
+                              lock_timeout_s=lock_timeout_s), **options)
+
+    @classmethod
+    def from_config(cls, config: FarmConfig, **options: Any) -> Pool:
+        options.setdefault("quarantine_after", config.pool.quarantine_after)
+        options.setdefault("default_ttl_s", config.pool.lease_ttl_s)
+        options.setdefault("default_timeout_s", config.pool.acquire_timeout_s)
+        return cls.open(config.pool.url, **options)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- leasing -------------------------------------------------------------------------------
+
+    def acquire(self, request: LeaseRequest | None = None, holder: Holder | None = None,
+                ttl_s: float | None = None, timeout_s: float | None = None,
+                heartbeat_s: float | None = None) -> Lease:
+        """Wait up to ``timeout_s`` for a device matching ``request`` and lease it for ``ttl_s``.
+
+        Raises LeaseTimeout (an InfraError) naming what was asked, what exists and who holds it.
+        The returned Lease renews itself from a heartbeat thread while used as a context manager.
+        """
+        request = request or LeaseRequest()
+        holder = holder or Holder.current()
+        ttl = self.default_ttl_s if ttl_s is None else float(ttl_s)
+        timeout = self.default_timeout_s if timeout_s is None else float(timeout_s)
+        if ttl <= 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s}")
+        deadline = time.monotonic() + max(0.0, timeout)
+        queue_id: int | None = None
+        try:
+            while True:
+                give_up = time.monotonic() >= deadline
+                with self.store.write() as txn:
+                    outcome = self._attempt(txn, request, holder, ttl, queue_id, give_up, timeout)
+                queue_id = outcome.queue_id
+                if outcome.lease is not None:
+                    assert outcome.device is not None
+                    return Lease(self, outcome.lease, outcome.device, ttl, heartbeat_s)
+                if outcome.timeout_message is not None:
+                    queue_id = None
+                    raise LeaseTimeout(outcome.timeout_message,
+                                       serial=request.serial)
+                # Jitter so that waiters woken together do not poll in lock-step.
+                time.sleep(min(self.poll_s * random.uniform(0.5, 1.5),
+                               max(0.0, deadline - time.monotonic())))
+        except BaseException:
+            if queue_id is not None:
+                self._leave_queue(queue_id, holder)
+            raise
+
+    def _attempt(self, txn: Txn, request: LeaseRequest, holder: Holder, ttl: float,
+                 queue_id: int | None, give_up: bool, timeout: float) -> _Outcome:
+        reclaim_expired(txn)
+        self._drop_stale_waiters(txn)
+        waiters = [queue_from_row(r) for r in txn.all("SELECT * FROM queue ORDER BY id")]
+        if queue_id is not None and all(w.id != queue_id for w in waiters):
+            queue_id = None  # we were dropped as stale (paused too long): queue again, at the back
+        my_rank = (-request.priority, queue_id if queue_id is not None else float("inf"))
+        ahead = [w for w in waiters if w.id != queue_id and (-w.request.priority, w.id) < my_rank]
+        # Least recently changed first, so that load spreads over equivalent devices.
+        available = [device_from_row(r) for r in txn.all(
+            "SELECT * FROM devices WHERE state = ? ORDER BY state_since, serial", (AVAILABLE,))]
+        for device in available:
+            if request.matches(device) and not any(w.request.matches(device) for w in ahead):
+                return _Outcome(lease=self._grant(txn, device, request, holder, ttl, queue_id),
+                                device=device)
+        if give_up:
+            message = self._timeout_message(txn, request, timeout, ahead)
+            if queue_id is not None:
+                txn.run("DELETE FROM queue WHERE id = ?", (queue_id,))
+                log_event(txn, "gave_up", queue_id=queue_id, holder=holder.describe(),
+                          detail=f"waited {timeout:g}s for {request.describe()}")
+            return _Outcome(timeout_message=message)
+        if queue_id is None:
+            queue_id = txn.insert(
+                "INSERT INTO queue (priority, request, holder_user, holder_host, holder_pid, "
+                "holder_ci_job, purpose, enqueued, polled) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "RETURNING id",
+                (request.priority, request.to_json(), *holder_params(holder), txn.now, txn.now))
+            log_event(txn, "queued", queue_id=queue_id, holder=holder.describe(),
+                      detail=request.to_json())
+        else:
+            txn.run("UPDATE queue SET polled = ? WHERE id = ?", (txn.now, queue_id))
+        return _Outcome(queue_id=queue_id)
+
+    def _grant(self, txn: Txn, device: DeviceRecord, request: LeaseRequest, holder: Holder,
+               ttl: float, queue_id: int | None) -> LeaseInfo:
+        token = secrets.token_hex(16)
+        txn.run("INSERT INTO leases (token, serial, holder_user, holder_host, holder_pid, "
+                "holder_ci_job, purpose, priority, request, created, renewed, expires) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (token, device.serial, *holder_params(holder), request.priority, request.to_json(),
+                 txn.now, txn.now, txn.now + ttl))
+        set_state(txn, device.serial, AVAILABLE, LEASED)
+        if queue_id is not None:
+            txn.run("DELETE FROM queue WHERE id = ?", (queue_id,))
+        log_event(txn, "leased", serial=device.serial, from_state=AVAILABLE, to_state=LEASED,
+                  token=token, queue_id=queue_id, holder=holder.describe(),
+                  detail=request.to_json())
+        return LeaseInfo(token=token, serial=device.serial, holder=holder, priority=request.priority,
+                         created=txn.now, renewed=txn.now, expires=txn.now + ttl)
+
+    def _drop_stale_waiters(self, txn: Txn) -> None:
+        stale = txn.all("SELECT * FROM queue WHERE polled < ?", (txn.now - self.waiter_stale_s,))
+        for row in stale:
+            txn.run("DELETE FROM queue WHERE id = ?", (row["id"],))
+            log_event(txn, "abandoned", queue_id=row["id"],
+                      holder=queue_from_row(row).holder.describe(),
+                      detail=f"no poll for {txn.now - row['polled']:.1f}s")
+
+    def _leave_queue(self, queue_id: int, holder: Holder) -> None:
+        """Best effort on the way out of an interrupted acquire; a stale row is dropped later anyway."""
+        try:
+            with self.store.write() as txn:
+                if txn.run("DELETE FROM queue WHERE id = ?", (queue_id,)):
+                    log_event(txn, "gave_up", queue_id=queue_id, holder=holder.describe(),
+                              detail="acquire interrupted")
+        except PoolError:
+            pass
+
+    def _timeout_message(self, txn: Txn, request: LeaseRequest, timeout: float,
+                         ahead: list[QueueEntry]) -> str:
+        rows = txn.all("SELECT * FROM devices ORDER BY serial")
+        devices = [device_from_row(r) for r in rows]
+        matching = [d for d in devices if request.matches(d)]
+        head = f"no device for request [{request.describe()}] within {timeout:g}s"
+        if not matching:
+            listed = "; ".join(d.describe() for d in devices[:MAX_DESCRIBED_DEVICES]) or "none"
+            more = f" and {len(devices) - MAX_DESCRIBED_DEVICES} more" \
+                if len(devices) > MAX_DESCRIBED_DEVICES else ""
+            return f"{head}: no device in the pool matches; the pool has {len(devices)}: {listed}{more}"
+        leases = {r["serial"]: lease_from_row(r)
+                  for r in txn.all("SELECT * FROM leases WHERE ended IS NULL")}
+        parts = []
+        for d in matching[:MAX_DESCRIBED_DEVICES]:
+            lease = leases.get(d.serial)
+            text = f"{d.serial} {d.state}"
+            if d.reason:
+                text += f" ({d.reason})"
+            if lease:
+                text += (f", held by {lease.holder.describe()} for "
+                         f"{txn.now - lease.created:.0f}s, expires in {lease.expires - txn.now:.0f}s")
+            parts.append(text)
+        queued = f"; {len(ahead)} waiter(s) ahead of this request" if ahead else ""
+        return f"{head}: {len(matching)} of {len(devices)} devices match: {'; '.join(parts)}{queued}"
+
+    def renew(self, token: str, ttl_s: float) -> LeaseInfo:
+        """Push the lease's expiry to now + ``ttl_s``. LeaseError if it ended or expired."""
+        with self.store.write() as txn:
+            reclaim_expired(txn)
+            row = txn.one("SELECT * FROM leases WHERE token = ?", (token,))
+            if row is not None and row["ended"] is None:
+                txn.run("UPDATE leases SET renewed = ?, expires = ? WHERE token = ?",
+                        (txn.now, txn.now + ttl_s, token))
+                row.update(renewed=txn.now, expires=txn.now + ttl_s)
+                return lease_from_row(row)
+            problem = self._token_problem(txn, token, row)
+        raise LeaseError(f"cannot renew: {problem}")
+
+    def release(self, token: str) -> LeaseInfo:
+        """End the lease; the device goes back to the pool. LeaseError for a stale or foreign token."""
+        with self.store.write() as txn:
+            reclaim_expired(txn)
+            row = txn.one("SELECT * FROM leases WHERE token = ?", (token,))
+            if row is not None and row["ended"] is None:
+                end_lease(txn, row, "released")
+                row.update(ended=txn.now, end_reason="released")
+                return lease_from_row(row)
+            problem = self._token_problem(txn, token, row)
+        raise LeaseError(f"cannot release: {problem}")
+
+    @staticmethod
+    def _token_problem(txn: Txn, token: str, row: dict[str, Any] | None) -> str:
+        if row is None:
+            return f"lease token {token!r} is unknown to this pool (mistyped, or another pool's)"
+        text = f"lease {token} on {row['serial']} was {row['end_reason']} {txn.now - row['ended']:.1f}s ago"
+        if row["end_reason"] == "expired":
+            text += (f" (not renewed within its TTL of {row['expires'] - row['renewed']:g}s: "
+                     f"holder stalled or died)")
+        current = txn.one("SELECT * FROM leases WHERE serial = ? AND ended IS NULL", (row["serial"],))
+        if current is not None:
+            text += f"; {row['serial']} is now held by {lease_from_row(current).holder.describe()}"
+        return text
+
+    # -- health --------------------------------------------------------------------------------
+
+    def sync(self, devices: list[Any], servers: list[Any] | None = None) -> SyncReport:
+        """Merge a discovery result (DeviceInfo-like objects or dicts) into the pool. Devices of the
+        scanned ``servers`` (all servers if None) that are missing go offline; returning ones come
+        back."""
+        with self.store.write() as txn:
+            return health.sync(txn, devices, None if servers is None else [str(s) for s in servers])
+
+    def record_infra_failure(self, serial: str, reason: str) -> bool:
+        """Count an infra failure; True if this one quarantined the device."""
+        with self.store.write() as txn:
+            return health.record_infra_failure(txn, serial, reason, self.quarantine_after)
+
+    def record_success(self, serial: str) -> None:
+        with self.store.write() as txn:
+            health.record_success(txn, serial)
+
+    def quarantine(self, serial: str, reason: str) -> None:
+        with self.store.write() as txn:
+            health.quarantine(txn, serial, reason)
+
+    def restore(self, serial: str) -> str:
+        with self.store.write() as txn:
+            return health.restore(txn, serial)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def status(self) -> PoolStatus:
+        with self.store.read() as txn:
+            leases = {r["serial"]: lease_from_row(r)
+                      for r in txn.all("SELECT * FROM leases WHERE ended IS NULL")}
+            devices = [DeviceStatus(device_from_row(r), leases.get(r["serial"]))
+                       for r in txn.all("SELECT * FROM devices ORDER BY serial")]
+            queue = [queue_from_row(r) for r in txn.all("SELECT * FROM queue ORDER BY id")]
+            queue.sort(key=lambda q: (-q.request.priority, q.id))
+            return PoolStatus(now=txn.now, devices=devices, queue=queue)
+
+    def history(self, serial: str | None = None, token: str | None = None, limit: int | None = 100,
+                after_id: int = 0) -> list[Event]:
+        """Events, oldest first: the last ``limit`` (None: all) after ``after_id``, optionally of one
+        device or one lease."""
+        where, params = ["id > ?"], [after_id]
+        if serial is not None:
+            where.append("serial = ?")
+            params.append(serial)
+        if token is not None:
+            where.append("token = ?")
+            params.append(token)
+        sql = f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY id DESC"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        with self.store.read() as txn:
+            rows = txn.all(sql, params)
+        return [event_from_row(r) for r in reversed(rows)]
+
+
+@dataclass
+class Lease:
+    """A held device. As a context manager it renews itself every ``heartbeat_s`` (a third of the TTL
+    by default) from a daemon thread, and releases on exit. If renewal finds the lease gone (it expired
+    while the holder was stalled), ``lost`` says why and exit raises LeaseError."""
+
+    pool: Pool
+    info: LeaseInfo
+    device: DeviceRecord
+    ttl_s: float
+    heartbeat_s: float | None = None
+    lost: LeaseError | None = None
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def token(self) -> str:
+        return self.info.token
+
+    @property
+    def serial(self) -> str:
+        return self.info.serial
+
+    @property
+    def server(self) -> str:
+        """The device's adb server, "host:port"."""
+        return self.device.server
+
+    def renew(self) -> None:
+        self.info = self.pool.renew(self.token, self.ttl_s)
+
+    def release(self) -> None:
+        self.stop_heartbeat()
+        self.pool.release(self.token)
+
+    def start_heartbeat(self) -> None:
+        if self._thread is None:
+            interval = self.heartbeat_s or self.ttl_s / 3
+            self._thread = threading.Thread(target=self._beat, args=(interval,),
+                                            name=f"lease-heartbeat-{self.serial}", daemon=True)
+            self._thread.start()
+
+    def stop_heartbeat(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _beat(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.renew()
+            except LeaseError as e:
+                self.lost = e
+                return
+            except PoolError:
+                continue  # the database may come back before the lease expires; try next beat
+
+    def __enter__(self) -> Lease:
+        self.start_heartbeat()
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            self.release()
+        except LeaseError:
+            if exc_type is None:
+                raise

@@ -1,0 +1,100 @@
+"""Rows <-> records, and the two writes every state change goes through: set a device's state and
+append to the event log, always in the same transaction."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from farm.pool.model import (AVAILABLE, LEASED, OFFLINE, DeviceRecord, Event, Holder,
+                             LeaseInfo, LeaseRequest, QueueEntry)
+from farm.pool.store import Txn
+
+
+def device_from_row(row: dict[str, Any]) -> DeviceRecord:
+    return DeviceRecord(serial=row["serial"], server=row["server"], soc=row["soc"],
+                        htp_arch=row["htp_arch"], model=row["model"], virtual=bool(row["virtual"]),
+                        tags=tuple(json.loads(row["tags"])), state=row["state"], reason=row["reason"],
+                        present=bool(row["present"]), infra_failures=int(row["infra_failures"]))
+
+
+def holder_from_row(row: dict[str, Any]) -> Holder:
+    return Holder(user=row["holder_user"], host=row["holder_host"], pid=int(row["holder_pid"]),
+                  ci_job=row["holder_ci_job"], purpose=row["purpose"])
+
+
+def holder_params(holder: Holder) -> tuple:
+    return (holder.user, holder.host, holder.pid, holder.ci_job, holder.purpose)
+
+
+def lease_from_row(row: dict[str, Any]) -> LeaseInfo:
+    return LeaseInfo(token=row["token"], serial=row["serial"], holder=holder_from_row(row),
+                     priority=int(row["priority"]), created=row["created"], renewed=row["renewed"],
+                     expires=row["expires"], ended=row["ended"], end_reason=row["end_reason"])
+
+
+def queue_from_row(row: dict[str, Any]) -> QueueEntry:
+    return QueueEntry(id=int(row["id"]), request=LeaseRequest.from_json(row["request"]),
+                      holder=holder_from_row(row), enqueued=row["enqueued"], polled=row["polled"])
+
+
+def event_from_row(row: dict[str, Any]) -> Event:
+    return Event(id=int(row["id"]), at=row["at"], kind=row["kind"], serial=row["serial"],
+                 from_state=row["from_state"], to_state=row["to_state"], token=row["token"],
+                 queue_id=None if row["queue_id"] is None else int(row["queue_id"]),
+                 holder=row["holder"], detail=row["detail"])
+
+
+def log_event(txn: Txn, kind: str, *, serial: str | None = None, from_state: str | None = None,
+              to_state: str | None = None, token: str | None = None, queue_id: int | None = None,
+              holder: str = "", detail: str = "") -> None:
+    txn.run("INSERT INTO events (at, kind, serial, from_state, to_state, token, queue_id, holder, "
+            "detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (txn.now, kind, serial, from_state, to_state, token, queue_id, holder, detail))
+
+
+def set_state(txn: Txn, serial: str, old: str, new: str, reason: str | None = None) -> None:
+    """Change a device's state (the caller logs the event that explains why)."""
+    if reason is None:
+        txn.run("UPDATE devices SET state = ?, state_since = ? WHERE serial = ?",
+                (new, txn.now, serial))
+    else:
+        txn.run("UPDATE devices SET state = ?, reason = ?, state_since = ? WHERE serial = ?",
+                (new, reason, txn.now, serial))
+
+
+def has_live_lease(txn: Txn, serial: str) -> bool:
+    return txn.one("SELECT token FROM leases WHERE serial = ? AND ended IS NULL", (serial,)) is not None
+
+
+def settled_state(txn: Txn, serial: str, present: bool) -> str:
+    """The state a device returns to when nothing administrative holds it: offline if it is not
+    attached, leased if a live lease exists, else available."""
+    if not present:
+        return OFFLINE
+    return LEASED if has_live_lease(txn, serial) else AVAILABLE
+
+
+def end_lease(txn: Txn, lease: dict[str, Any], reason: str) -> None:
+    """End a live lease (released or expired); the device becomes available unless it is quarantined or
+    offline, which outlive the lease."""
+    txn.run("UPDATE leases SET ended = ?, end_reason = ? WHERE token = ?",
+            (txn.now, reason, lease["token"]))
+    dev = txn.one("SELECT state FROM devices WHERE serial = ?", (lease["serial"],))
+    old = dev["state"] if dev else None
+    new = old
+    if old == LEASED:
+        new = AVAILABLE
+        set_state(txn, lease["serial"], LEASED, AVAILABLE)
+    log_event(txn, reason, serial=lease["serial"], from_state=old, to_state=new,
+              token=lease["token"], holder=holder_from_row(lease).describe(),
+              detail=f"lease created {lease['created']:.3f}, expires {lease['expires']:.3f}")
+
+
+def reclaim_expired(txn: Txn) -> int:
+    """End every lease whose TTL ran out; done at the start of each acquire, renew and release."""
+    expired = txn.all("SELECT * FROM leases WHERE ended IS NULL AND expires < ?", (txn.now,))
+    for lease in expired:
+        end_lease(txn, lease, "expired")
+    return len(expired)
+

@@ -1,0 +1,129 @@
+"""The small interface the pool needs from a database, and the code both backends share.
+
+A backend gives two kinds of transaction:
+- ``write()``: serialized against every other writer of the same pool, on every host. SQLite takes the
+  database write lock up front (``BEGIN IMMEDIATE``); PostgreSQL locks the single ``pool_meta`` row
+  (``SELECT ... FOR UPDATE``). All state changes happen inside one, so "never two holders of a device"
+  follows from the database, not from any lock in this process.
+- ``read()``: a consistent snapshot for status and history; never blocks writers for long.
+
+SQL is written once with ``?`` placeholders and ``RETURNING``, which both SQLite (>= 3.35) and PostgreSQL
+understand; the PostgreSQL backend rewrites ``?`` to ``%s``.
+
+Time: every timestamp (lease expiry, queue arrival, event time) is taken from ``Txn.now``, which is
+the database server's clock on PostgreSQL, so hosts with skewed clocks agree on when a lease expires, and
+the host clock on SQLite, where all processes share one host and one clock by construction.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from farm.errors import UsageError
+
+
+class Txn:
+    """A transaction: run SQL, get rows as dicts. ``now`` is the pool clock at the transaction start."""
+
+    def __init__(self, cursor: Any, now: float, placeholder: str = "?"):
+        self._cur = cursor
+        self.now = now
+        self._placeholder = placeholder
+
+    def _sql(self, sql: str) -> str:
+        return sql if self._placeholder == "?" else sql.replace("?", self._placeholder)
+
+    def run(self, sql: str, params: tuple | list = ()) -> int:
+        self._cur.execute(self._sql(sql), tuple(params))
+        return self._cur.rowcount
+
+    def all(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
+        self._cur.execute(self._sql(sql), tuple(params))
+        return [dict(r) for r in self._cur.fetchall()]
+
+    def one(self, sql: str, params: tuple | list = ()) -> dict[str, Any] | None:
+        rows = self.all(sql, params)
+        return rows[0] if rows else None
+
+    def insert(self, sql: str, params: tuple | list = ()) -> int:
+        """Run an ``INSERT ... RETURNING id`` and return the id."""
+        row = self.one(sql, params)
+        assert row is not None
+        return int(row["id"])
+
+
+class Store(ABC):
+    """One pool database. Thread-safe: one connection, used by one thread at a time."""
+
+    dialect: str
+
+    def __init__(self, url: str):
+        self.url = url
+        self._lock = threading.Lock()  # guards the connection only; exclusion is the database's job
+
+    @property
+    def display_url(self) -> str:
+        return redact_url(self.url)
+
+    @contextmanager
+    def write(self) -> Iterator[Txn]:
+        with self._lock, self._transaction(write=True) as txn:
+            yield txn
+
+    @contextmanager
+    def read(self) -> Iterator[Txn]:
+        with self._lock, self._transaction(write=False) as txn:
+            yield txn
+
+    @abstractmethod
+    def _transaction(self, *, write: bool) -> Any:
+        """A context manager yielding a Txn; commits on success, rolls back on error."""
+
+    @abstractmethod
+    def migrate(self) -> None:
+        """Create or upgrade the schema, serialized against other processes doing the same."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable url>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    userinfo = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{netloc[-1]}"))
+
+
+def open_store(url: str, *, connect_timeout_s: float = 10.0, lock_timeout_s: float = 30.0) -> Store:
+    """The backend for ``url`` (``sqlite:///path`` or ``postgresql://...``), connected and migrated."""
+    if not isinstance(url, str) or "://" not in url:
+        raise UsageError(f"pool url {url!r}: expected sqlite:///PATH or postgresql://USER@HOST/DB")
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "sqlite":
+        from farm.pool.sqlite import SqliteStore
+
+        store: Store = SqliteStore(url, lock_timeout_s=lock_timeout_s)
+    elif scheme in ("postgresql", "postgres"):
+        from farm.pool.postgres import PostgresStore
+
+        store = PostgresStore(url, connect_timeout_s=connect_timeout_s, lock_timeout_s=lock_timeout_s)
+    else:
+        raise UsageError(f"pool url {redact_url(url)!r}: unknown scheme '{scheme}' "
+                         f"(expected sqlite or postgresql)")
+    try:
+        store.migrate()
+    except BaseException:
+        store.close()
+        raise
+    return store

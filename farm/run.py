@@ -1,0 +1,208 @@
+"""Run a deployed bundle on a device and bring back a typed result.
+
+A run executes the dialect's command line (farm.runprofile) in the bundle workspace, writing into a
+per-run directory ``runs/<run id>/``; its files are pulled, parsed and the directory removed.
+
+Errors keep their families apart:
+- the runner exited non-zero -> ``RunnerFailed``: the code under test failed (a test failure, not infra);
+- the device vanished, adb failed, or the runner hung past the timeout -> ``InfraError``
+  (``DeviceGone``, ``AdbError``, ``DeviceTimeout``). On a timeout the runner is killed: closing the
+  shell stream makes adbd hang up on it, and the recorded pid is killed as well for adbds that do not.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import secrets
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from farm.bundle import Bundle
+from farm.deploy import bundle_workspace
+from farm.devices import Device
+from farm.errors import DeviceTimeout, FarmError, InfraError
+from farm.runprofile import RunnerCommand, RunRequest, build_command, kill_command
+
+OBSERVER_RE = re.compile(r"PyTorchObserver\s+(\{.*\})")
+KILL_TIMEOUT_S = 15.0
+
+
+@dataclass
+class RunResult:
+    serial: str
+    bundle: str
+    mode: str
+    updater: str
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    text: str | None = None  # outputs.txt: the echoed prompt and the generated text
+    tokens_per_s: float | None = None  # inference_speed.txt (includes prefill, as upstream)
+    observers: list[dict[str, Any]] = field(default_factory=list)  # one per iteration
+    prompt_ids: list[int] | None = None
+    generated_ids: list[int] | None = None
+    local_dir: Path | None = None
+
+    @property
+    def observer(self) -> dict[str, Any] | None:
+        """The last iteration's PyTorchObserver stats."""
+        return self.observers[-1] if self.observers else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Decode-only rate: tokens after the first over the time from first token to the end."""
+        return decode_rate(self.observer)
+
+    @property
+    def prefill_tok_s(self) -> float | None:
+        return prefill_rate(self.observer)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["local_dir"] = str(self.local_dir) if self.local_dir else None
+        d["decode_tok_s"] = self.decode_tok_s
+        d["prefill_tok_s"] = self.prefill_tok_s
+        return d
+
+
+class RunnerFailed(FarmError, AssertionError):
+    """The runner ran and exited non-zero: the code under test failed, the farm did not.
+
+    An ``AssertionError`` so that test frameworks count it as a failure, a ``FarmError`` so that the
+    CLI prints it as one line. Carries the whole ``RunResult`` (stderr, stdout, exit code).
+    """
+
+    def __init__(self, message: str, result: RunResult):
+        super().__init__(message)
+        self.result = result
+
+
+def _number(stats: dict[str, Any], key: str) -> float | None:
+    value = stats.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def decode_rate(stats: dict[str, Any] | None) -> float | None:
+    if not stats:
+        return None
+    generated = _number(stats, "generated_tokens")
+    first, end = _number(stats, "first_token_ms"), _number(stats, "inference_end_ms")
+    if generated is None or first is None or end is None or generated < 2 or end <= first:
+        return None
+    return (generated - 1) / ((end - first) / 1000.0)
+
+
+def prefill_rate(stats: dict[str, Any] | None) -> float | None:
+    if not stats:
+        return None
+    prompt = _number(stats, "prompt_tokens")
+    start, end = _number(stats, "inference_start_ms"), _number(stats, "prompt_eval_end_ms")
+    if prompt is None or start is None or end is None or end <= start:
+        return None
+    return prompt / ((end - start) / 1000.0)
+
+
+def parse_observers(stdout: str) -> list[dict[str, Any]]:
+    stats = []
+    for match in OBSERVER_RE.finditer(stdout):
+        try:
+            value = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            stats.append(value)
+    return stats
+
+
+def parse_speed(text: str | None) -> float | None:
+    try:
+        return float(text.strip()) if text and text.strip() else None
+    except ValueError:
+        return None
+
+
+def parse_token_ids(text: str | None) -> tuple[list[int] | None, list[int] | None]:
+    if not text:
+        return None, None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError:
+        return None, None
+
+    def ids(key: str) -> list[int] | None:
+        value = raw.get(key) if isinstance(raw, dict) else None
+        if isinstance(value, list) and all(isinstance(i, int) for i in value):
+            return value
+        return None
+
+    return ids("prompt_ids"), ids("generated_ids")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(4)
+
+
+def _pull_outputs(device: Device, command: RunnerCommand, timeout: float) -> dict[str, bytes]:
+    listing = device.shell(f"ls -1 {shlex.quote(command.out_dir)} 2>/dev/null; true", timeout=timeout)
+    present = set(listing.out.splitlines())
+    files: dict[str, bytes] = {}
+    for kind, name in command.outputs.items():
+        if name in present:
+            files[kind] = device.read_file(posixpath.join(command.out_dir, name), timeout=timeout)
+    return files
+
+
+def run(device: Device, bundle: Bundle, request: RunRequest, *, timeout: float = 600.0,
+        local_dir: Path | None = None, keep_remote: bool = False, run_id: str | None = None,
+        io_timeout: float = 60.0) -> RunResult:
+    """Run ``request`` with the bundle already deployed (farm.deploy) on ``device``.
+
+    ``timeout`` bounds the runner; ``io_timeout`` every other device call. With ``local_dir`` the
+    pulled output files are also written there. Raises ``RunnerFailed`` for a non-zero exit.
+    """
+    workspace = bundle_workspace(device, bundle)
+    command = build_command(bundle, request, workspace, run_id or new_run_id())
+    started = time.monotonic()
+    try:
+        shell = device.shell(command.shell, timeout=timeout)
+    except DeviceTimeout:
+        try:
+            device.shell(kill_command(command), timeout=KILL_TIMEOUT_S)
+        except InfraError:
+            pass  # the device may be unusable now; the timeout is what we report
+        raise
+    duration = time.monotonic() - started
+
+    files = _pull_outputs(device, command, io_timeout)
+    if not keep_remote:
+        device.shell(f"rm -rf {shlex.quote(command.out_dir)}", timeout=io_timeout)
+    if local_dir is not None:
+        local_dir = Path(local_dir)
+        local_dir.mkdir(parents=True, exist_ok=True)
+        for kind, data in files.items():
+            (local_dir / command.outputs[kind]).write_bytes(data)
+        (local_dir / "stdout.txt").write_bytes(shell.stdout)
+        (local_dir / "stderr.txt").write_bytes(shell.stderr)
+
+    def text(kind: str) -> str | None:
+        return files[kind].decode("utf-8", errors="replace") if kind in files else None
+
+    prompt_ids, generated_ids = parse_token_ids(text("token_ids"))
+    result = RunResult(
+        serial=device.serial, bundle=bundle.name, mode=request.mode, updater=request.updater,
+        command=command.shell, exit_code=shell.exit_code, stdout=shell.out, stderr=shell.err,
+        duration_s=duration, text=text("outputs"), tokens_per_s=parse_speed(text("speed")),
+        observers=parse_observers(shell.out), prompt_ids=prompt_ids, generated_ids=generated_ids,
+        local_dir=local_dir)
+    if shell.exit_code != 0:
+        last = (shell.err.strip() or shell.out.strip()).splitlines()[-1:] or ["no output"]
+        raise RunnerFailed(f"runner on {device.serial} exited {shell.exit_code}: {last[0][:300]}",
+                           result)
+    return result

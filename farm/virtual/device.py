@@ -1,0 +1,228 @@
+"""A virtual Snapdragon device: one process speaking the device side of ADB over TCP on loopback.
+
+    python -m farm.virtual.device --root R [--port P] [--exit-with-pid PID]
+
+Everything about the device is in its root directory R (written by :mod:`farm.virtual.identity`):
+``spec.json`` (properties, free space), ``bin/`` (getprop, dumpsys, ...), ``data/local/tmp/ptefarm``
+(the workspace), ``faults.json`` (optional). Once listening it writes ``run.json`` with its pid and
+port; the manager waits for that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from farm.errors import UsageError
+from farm.virtual.faults import NO_FAULTS, Faults, read_faults
+from farm.virtual.identity import DeviceIdentity, load_identity
+from farm.virtual.protocol import (A_CLSE, A_CNXN, A_OKAY, A_OPEN, A_VERSION, A_WRTE,
+                                   MAX_PAYLOAD, ProtocolError, Transport, device_banner)
+from farm.virtual.shell import CommandContext, parse_shell_service, run_shell
+from farm.virtual.stream import Stream
+from farm.virtual.sync import SyncService
+
+RUN_FILE = "run.json"
+PGID_DIR = "run/commands"
+log = logging.getLogger("farm.virtual.device")
+
+
+def command_env(root: Path) -> dict[str, str]:
+    """Environment of device commands: our tools first, then the venv (console scripts such as
+    farm-llama-runner), then the usual system PATH."""
+    system_path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+    path = os.pathsep.join([str(root / "bin"), os.path.dirname(sys.executable), system_path])
+    return {
+        "PATH": path,
+        "HOME": str(root / "data"),
+        "TMPDIR": str(root / "data" / "local" / "tmp"),
+        "LANG": "C.UTF-8",
+        "ANDROID_DATA": str(root / "data"),
+        "PTEFARM_VIRTUAL_ROOT": str(root),
+    }
+
+
+class VirtualDevice:
+    def __init__(self, root: Path, identity: DeviceIdentity):
+        self.root = root
+        self.identity = identity
+        self.banner = device_banner(identity.props)
+        (root / PGID_DIR).mkdir(parents=True, exist_ok=True)
+        self.ctx = CommandContext(root=root, env=command_env(root), pgid_dir=root / PGID_DIR)
+        self._listener: socket.socket | None = None
+        self._stopping = threading.Event()
+
+    def faults(self) -> Faults:
+        try:
+            return read_faults(self.root)
+        except UsageError as e:
+            log.error("%s; running without faults", e)
+            return NO_FAULTS
+
+    # --- listening -----------------------------------------------------------------------------
+    def listen(self, port: int) -> int:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(8)
+        self._listener = sock
+        return sock.getsockname()[1]
+
+    def serve_forever(self) -> None:
+        assert self._listener is not None
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                break
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                conn.setsockopt(socket.SOL_SOCKET, opt, 4 * 1024 * 1024)
+            threading.Thread(target=self._serve_connection, args=(conn,), daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._listener is not None:
+            self._listener.close()
+        for entry in (self.root / PGID_DIR).iterdir():
+            try:
+                os.killpg(int(entry.name), signal.SIGKILL)
+            except (ValueError, ProcessLookupError, PermissionError):
+                pass
+            entry.unlink(missing_ok=True)
+
+    # --- one transport (TCP connection from the adb server) ----------------------------------
+    def _serve_connection(self, sock: socket.socket) -> None:
+        transport = Transport(sock)
+        streams: dict[int, Stream] = {}
+        lock = threading.Lock()
+        ids = itertools.count(1)
+
+        def finished(local_id: int) -> None:
+            with lock:
+                streams.pop(local_id, None)
+
+        try:
+            while True:
+                msg = transport.read_message()
+                if msg.command == A_CNXN:
+                    transport.max_payload = min(msg.arg1 or MAX_PAYLOAD, MAX_PAYLOAD)
+                    transport.send(A_CNXN, A_VERSION, MAX_PAYLOAD, self.banner, with_checksum=True)
+                elif msg.command == A_OPEN:
+                    self._open(transport, msg.arg0, bytes(msg.payload), streams, lock, ids, finished)
+                elif msg.command == A_OKAY:
+                    with lock:
+                        stream = streams.get(msg.arg1)
+                    if stream is not None:
+                        stream.on_okay()
+                elif msg.command == A_WRTE:
+                    with lock:
+                        stream = streams.get(msg.arg1)
+                    if stream is None:
+                        continue
+                    stream.deliver(msg.payload)
+                    limit = stream.faults.drop_after_bytes
+                    if limit is not None and stream.bytes_received > limit:
+                        log.warning("fault drop_after_bytes=%d: dropping the connection", limit)
+                        break
+                elif msg.command == A_CLSE:
+                    with lock:
+                        stream = streams.pop(msg.arg1, None)
+                    if stream is not None:
+                        stream.on_remote_close()
+                # AUTH and anything else: ignored (we never ask for authentication).
+        except (EOFError, OSError, ProtocolError) as e:
+            log.info("connection ended: %s", e)
+        finally:
+            transport.close()
+            with lock:
+                orphans = list(streams.values())
+                streams.clear()
+            for stream in orphans:
+                stream.on_remote_close()
+
+    def _open(self, transport: Transport, remote_id: int, payload: bytes,
+              streams: dict[int, Stream], lock: threading.Lock, ids, finished) -> None:
+        service = payload.rstrip(b"\0").decode("utf-8", "surrogateescape")
+        faults = self.faults()
+        if service == "sync:":
+            def target(stream: Stream) -> None:
+                SyncService(stream, self.root, self.faults, self.identity.free_bytes).serve()
+        elif (request := parse_shell_service(service)) is not None:
+            def target(stream: Stream) -> None:
+                run_shell(stream, request, self.ctx)
+        else:
+            log.info("refusing service %r", service)
+            transport.send(A_CLSE, 0, remote_id)
+            return
+        local_id = next(ids)
+        stream = Stream(transport, local_id, remote_id, faults, finished)
+        with lock:
+            streams[local_id] = stream
+        transport.send(A_OKAY, local_id, remote_id)
+        threading.Thread(target=target, args=(stream,), daemon=True).start()
+
+
+def _write_run_file(root: Path, port: int) -> None:
+    tmp = root / f".{RUN_FILE}.tmp"
+    tmp.write_text(json.dumps({"pid": os.getpid(), "port": port}))
+    os.replace(tmp, root / RUN_FILE)
+
+
+def _watch_parent(pid: int, device: VirtualDevice) -> None:
+    """Exit when the process that owns us is gone (a test session killed -9 leaves nothing behind)."""
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            device.stop()
+            os._exit(0)
+        except PermissionError:
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m farm.virtual.device",
+                                     description="Run one virtual Snapdragon device.")
+    parser.add_argument("--root", type=Path, required=True, help="device root directory")
+    parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: any)")
+    parser.add_argument("--exit-with-pid", type=int, default=None,
+                        help="exit when this process is gone")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
+    root = args.root.resolve()
+    try:
+        device = VirtualDevice(root, load_identity(root))
+        port = device.listen(args.port)
+    except (UsageError, OSError) as e:
+        print(f"farm.virtual.device: {root}: {e}", file=sys.stderr)
+        return 2
+
+    def on_term(signum, frame):  # noqa: ARG001
+        device.stop()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    if args.exit_with_pid:
+        threading.Thread(target=_watch_parent, args=(args.exit_with_pid, device),
+                         daemon=True).start()
+    _write_run_file(root, port)
+    log.info("device %s listening on 127.0.0.1:%d", device.identity.props["ro.serialno"], port)
+    device.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

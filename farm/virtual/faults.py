@@ -1,0 +1,78 @@
+"""Faults a virtual device injects, switchable while it runs.
+
+They live in ``<root>/faults.json``, written atomically by :func:`write_faults`; the device re-reads the
+file on every stream open and sync request, so a test flips a fault without restarting anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from farm.errors import UsageError
+
+FAULTS_FILE = "faults.json"
+
+
+@dataclass(frozen=True)
+class Faults:
+    drop_after_bytes: int | None = None       # close the TCP connection after N payload bytes on a stream
+    slow_bytes_per_s: int | None = None       # throttle every stream to this rate, both directions
+    disk_full_after_bytes: int | None = None  # SEND fails "No space left on device" past N bytes
+    hang_commands: str | None = None          # regex: a matching shell command never finishes
+
+    def __post_init__(self) -> None:
+        for name in ("drop_after_bytes", "slow_bytes_per_s", "disk_full_after_bytes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 0):
+                raise UsageError(f"fault '{name}' must be a non-negative integer, got {value!r}")
+        if self.slow_bytes_per_s == 0:
+            raise UsageError("fault 'slow_bytes_per_s' must be positive, got 0")
+        if self.hang_commands is not None:
+            try:
+                re.compile(self.hang_commands)
+            except (re.error, TypeError) as e:
+                raise UsageError(f"fault 'hang_commands' is not a valid regex: {e}") from None
+
+    def hangs(self, command: str) -> bool:
+        return self.hang_commands is not None and re.search(self.hang_commands, command) is not None
+
+    @property
+    def any(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in fields(self))
+
+
+NO_FAULTS = Faults()
+
+
+def read_faults(root: Path) -> Faults:
+    """The faults in force for the device rooted at ``root``; none when the file is absent."""
+    try:
+        raw = json.loads((root / FAULTS_FILE).read_text())
+    except FileNotFoundError:
+        return NO_FAULTS
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{root / FAULTS_FILE}: unreadable fault file: {e}") from None
+    known = {f.name for f in fields(Faults)}
+    unknown = set(raw) - known
+    if unknown:
+        raise UsageError(f"{root / FAULTS_FILE}: unknown fault(s) {sorted(unknown)} "
+                         f"(known: {sorted(known)})")
+    return Faults(**raw)
+
+
+def write_faults(root: Path, faults: Faults) -> None:
+    """Replace the device's faults atomically (a reader never sees a half-written file)."""
+    if not faults.any:
+        (root / FAULTS_FILE).unlink(missing_ok=True)
+        return
+    data = {k: v for k, v in asdict(faults).items() if v is not None}
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=".faults-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, root / FAULTS_FILE)

@@ -1,0 +1,306 @@
+"""Start, list and stop a farm of virtual devices behind the farm's own adb server.
+
+State lives in ``<farm home>/virtual/state.json`` (written atomically after every change), so that
+``down()`` from another process, or after a crash, still finds every process to end: stale pids,
+missing processes and a leftover state file are all fine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import adbutils
+
+from farm.adb_server import AdbServer
+from farm.config import AdbServerAddress
+from farm.errors import AdbError, InfraError, UsageError
+from farm.virtual.device import PGID_DIR, RUN_FILE
+from farm.virtual.faults import NO_FAULTS, Faults, write_faults
+from farm.virtual.identity import (WORKSPACE_REL, VirtualDeviceSpec, create_device_root,
+                                   make_identity)
+
+STATE_FILE = "state.json"
+EMULATOR_PORTS = range(5554, 5586)  # the adb server adopts anything listening there as an emulator
+_REPO_ROOT = Path(__file__).resolve().parents[2]  # so `python -m farm.virtual.device` imports us
+
+
+@dataclass(frozen=True)
+class VirtualDeviceRecord:
+    serial: str   # as the adb server lists it: 127.0.0.1:PORT
+    port: int
+    pid: int
+    root: Path
+    soc: str
+    serialno: str  # ro.serialno
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / WORKSPACE_REL
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["root"] = str(self.root)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> VirtualDeviceRecord:
+        return cls(serial=d["serial"], port=int(d["port"]), pid=int(d["pid"]), root=Path(d["root"]),
+                   soc=d["soc"], serialno=d.get("serialno", ""))
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    record: VirtualDeviceRecord
+    alive: bool        # the device process runs
+    adb_state: str     # as the farm's adb server lists it, or "absent"
+
+
+def free_port() -> int:
+    """A free TCP port on loopback, outside the emulator range the adb server probes."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in EMULATOR_PORTS:
+            return port
+
+
+class VirtualFarm:
+    """Virtual devices + the adb server they are connected to. A context manager: exit = down()."""
+
+    def __init__(self, home: Path | str, adb_port: int | None = None, *,
+                 tie_to_owner: bool = True, start_timeout: float = 30.0):
+        self.home = Path(home).expanduser()
+        self.dir = self.home / "virtual"
+        self.state_path = self.dir / STATE_FILE
+        self.tie_to_owner = tie_to_owner  # devices exit when this process dies (tests); not the CLI
+        self.start_timeout = start_timeout
+        self._procs: dict[int, subprocess.Popen] = {}
+        state = self._read_state()
+        self.devices: list[VirtualDeviceRecord] = [
+            VirtualDeviceRecord.from_json(d) for d in state.get("devices", [])]
+        self.adb_started: bool = bool(state.get("adb_started", False))
+        port = adb_port or state.get("adb_port") or free_port()
+        if state and adb_port and state.get("adb_port") != adb_port:
+            raise UsageError(f"{self.state_path}: a virtual farm on adb port "
+                             f"{state.get('adb_port')} is up; run 'farm virtual down' first")
+        self.server = AdbServer(port=port, home=self.home / "adb-home" / str(port))
+
+    # --- public API --------------------------------------------------------------------------
+    @property
+    def adb_server(self) -> AdbServerAddress:
+        return AdbServerAddress(self.server.host, self.server.port)
+
+    def client(self) -> adbutils.AdbClient:
+        return self.server.client()
+
+    def __enter__(self) -> VirtualFarm:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def up(self, specs: list[VirtualDeviceSpec]) -> list[VirtualDeviceRecord]:
+        """Start one device per spec, connect each to the adb server, wait until each is 'device'."""
+        for spec in specs:  # bad input is reported before anything starts
+            spec.profile()
+        started_server = self.server.start(timeout=self.start_timeout)
+        self.adb_started = self.adb_started or started_server
+        self._save()
+        started: list[VirtualDeviceRecord] = []
+        try:
+            for spec in specs:
+                index = self._next_index()
+                root = (self.dir / "devices" / f"{index:02d}-{spec.soc}").resolve()
+                root.mkdir(parents=True, exist_ok=True)
+                identity = make_identity(spec, root)
+                create_device_root(root, identity)
+                record = self._spawn(root, port=0, soc=spec.soc, serialno=identity.serialno)
+                self.devices.append(record)
+                started.append(record)
+                self._save()
+                self._attach(record)
+        except BaseException:
+            # Undo this call only: devices of an earlier up() stay.
+            for record in started:
+                self.server.disconnect(record.serial)
+                self._kill_device(record)
+                self.devices.remove(record)
+            if started_server and not self.devices:
+                self.server.stop()
+                self.adb_started = False
+            self._save()
+            raise
+        return started
+
+    def ls(self) -> list[DeviceStatus]:
+        states = self.server.devices() if self.server.is_running() else {}
+        return [DeviceStatus(r, _is_device_process(r.pid, r.root), states.get(r.serial, "absent"))
+                for r in self.devices]
+
+    def down(self) -> None:
+        """Disconnect and end every device, stop the adb server if this farm started it, forget all.
+        Works from any process, and after a crash."""
+        running = self.server.is_running()
+        for record in self.devices:
+            if running:
+                self.server.disconnect(record.serial)
+            self._kill_device(record)
+        if self.adb_started:
+            self.server.stop()
+        self.devices = []
+        self.adb_started = False
+        self.state_path.unlink(missing_ok=True)
+
+    def device(self, serial: str) -> VirtualDeviceRecord:
+        for r in self.devices:
+            if serial in (r.serial, r.serialno):
+                return r
+        raise UsageError(f"no virtual device '{serial}' (have: "
+                         f"{', '.join(r.serial for r in self.devices) or 'none'})")
+
+    def kill(self, serial: str) -> None:
+        """SIGKILL the device process (and its running commands), like a phone that dies."""
+        self._kill_device(self.device(serial))
+
+    def restart(self, serial: str) -> VirtualDeviceRecord:
+        """Start a killed (or running) device again on the same port with the same state."""
+        old = self.device(serial)
+        self._kill_device(old)
+        new = self._spawn(old.root, port=old.port, soc=old.soc, serialno=old.serialno)
+        self.devices[self.devices.index(old)] = new
+        self._save()
+        # Re-attach now rather than waiting for the server's own retry (about 10 s).
+        self.server.disconnect(new.serial)
+        self._attach(new)
+        return new
+
+    def set_faults(self, serial: str, **faults) -> None:
+        """Switch faults on (see farm.virtual.faults.Faults); they take effect at the next stream."""
+        try:
+            parsed = Faults(**faults)
+        except TypeError as e:
+            raise UsageError(f"set_faults({serial}): {e}") from None
+        write_faults(self.device(serial).root, parsed)
+
+    def clear_faults(self, serial: str) -> None:
+        write_faults(self.device(serial).root, NO_FAULTS)
+
+    # --- internals ---------------------------------------------------------------------------
+    def _next_index(self) -> int:
+        devices_dir = self.dir / "devices"
+        existing = [int(p.name.split("-")[0]) for p in devices_dir.glob("*-*")
+                    if p.name.split("-")[0].isdigit()] if devices_dir.exists() else []
+        return max(existing, default=-1) + 1
+
+    def _spawn(self, root: Path, port: int, soc: str, serialno: str) -> VirtualDeviceRecord:
+        (root / RUN_FILE).unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "farm.virtual.device", "--root", str(root), "--port", str(port)]
+        if self.tie_to_owner:
+            argv += ["--exit-with-pid", str(os.getpid())]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
+        with open(root / "device.log", "ab") as log:
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+        self._procs[proc.pid] = proc
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            try:
+                run = json.loads((root / RUN_FILE).read_text())
+                if run.get("pid") == proc.pid:
+                    return VirtualDeviceRecord(serial=f"127.0.0.1:{run['port']}",
+                                               port=int(run["port"]), pid=proc.pid, root=root,
+                                               soc=soc, serialno=serialno)
+            except (OSError, ValueError):
+                pass
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        _kill_pid(proc.pid)
+        proc.wait(timeout=5)
+        raise InfraError(f"virtual device in {root} did not start "
+                         f"(exit {proc.poll()}); log: {root / 'device.log'}: "
+                         f"{_tail(root / 'device.log')}")
+
+    def _attach(self, record: VirtualDeviceRecord) -> None:
+        self.server.connect(record.serial)
+        try:
+            self.server.wait_for_state(record.serial, "device", timeout=self.start_timeout)
+        except AdbError as e:
+            raise AdbError(f"{e}; device log: {record.root / 'device.log'}",
+                           serial=record.serial) from None
+
+    def _kill_device(self, record: VirtualDeviceRecord) -> None:
+        if _is_device_process(record.pid, record.root):
+            _kill_pid(record.pid)
+            deadline = time.monotonic() + 5
+            while _is_device_process(record.pid, record.root) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        proc = self._procs.pop(record.pid, None)
+        if proc is not None:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        # Commands of a device killed -9 outlive it (own sessions): end them as the phone would.
+        pgid_dir = record.root / PGID_DIR
+        if pgid_dir.exists():
+            for entry in pgid_dir.iterdir():
+                if entry.name.isdigit():
+                    try:
+                        os.killpg(int(entry.name), signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                entry.unlink(missing_ok=True)
+        (record.root / RUN_FILE).unlink(missing_ok=True)
+
+    def _read_state(self) -> dict:
+        try:
+            return json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{self.state_path}: corrupt virtual farm state ({e}); "
+                             f"delete it after ending its processes") from None
+
+    def _save(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        state = {"adb_port": self.server.port, "adb_started": self.adb_started,
+                 "devices": [r.to_json() for r in self.devices]}
+        tmp = self.dir / f".{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, self.state_path)
+
+
+def _is_device_process(pid: int, root: Path) -> bool:
+    """True only for our device process on that root: a stale pid reused by another process is left
+    alone."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"farm.virtual.device" in args and str(root).encode() in args
+
+
+def _kill_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

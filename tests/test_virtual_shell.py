@@ -1,0 +1,92 @@
+"""Shell services of virtual devices through the real adb server: v1, v2 exit codes, exec, quoting,
+and killing a command whose client went away."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+
+import adbutils
+import pytest
+
+HOSTILE = [
+    "it's \"quoted\"",
+    "$(touch /tmp/ptefarm-pwned) `id` $HOME ${PATH}",
+    "a; rm -rf /nonexistent && echo no | cat",
+    "line1\nline2\n\n",
+    "tabs\tand  spaces  ",
+    "Grüße, 世界 — ✓ 🚀",
+    "back\\slash \\n not a newline",
+    "--flag -e -n",
+    "*?[glob]",
+]
+
+
+@pytest.fixture
+def device(shared_virtual_farm):
+    return shared_virtual_farm.client().device(shared_virtual_farm.devices[0].serial)
+
+
+def test_v2_exit_code_and_separate_stderr(device):
+    r = device.shell2("echo out; echo err >&2; exit 7", v2=True)
+    assert r.returncode == 7
+    assert r.stdout == "out\n"
+    assert r.stderr == "err\n"
+
+
+def test_v2_exit_code_of_signal(device):
+    assert device.shell2("kill -9 $$", v2=True).returncode == 128 + 9
+
+
+def test_v1_merges_output(device):
+    assert device.shell("echo out; echo err >&2") == "out\nerr"
+    r = device.shell2("false")  # adbutils' v1 path: appends '; echo X4EXIT:$?'
+    assert r.returncode == 1
+
+
+def test_exec_is_raw(device):
+    with device.open_transport() as c:
+        c.send_command("exec:printf 'a\\0b\\r\\n'")
+        c.check_okay()
+        assert c.read_until_close(encoding=None) == b"a\0b\r\n"
+
+
+def test_large_output(device):
+    out = device.shell2("head -c 3000000 /dev/zero | tr '\\0' x", v2=True, rstrip=False)
+    assert out.stdout == "x" * 3_000_000
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_hostile_strings_round_trip(device, text):
+    r = device.shell2("printf %s " + shlex.quote(text), v2=True, encoding=None)
+    assert r.returncode == 0
+    assert r.stdout == text.encode()
+    assert not os.path.exists("/tmp/ptefarm-pwned")
+
+
+def test_empty_command_is_refused(device):
+    with pytest.raises(adbutils.AdbError):
+        device.shell2("", v2=True)
+
+
+def test_command_killed_when_client_times_out(shared_virtual_farm, device, tmp_path):
+    root = shared_virtual_farm.devices[0].root
+    marker = root / "data" / f"pgid-{os.getpid()}"
+    marker.unlink(missing_ok=True)
+    cmd = f"echo $$ > {shlex.quote(str(marker))}; sleep 300 & sleep 300; wait"
+    with pytest.raises(adbutils.AdbTimeout):
+        device.shell(cmd, timeout=1.0)
+    pgid = int(marker.read_text())
+    deadline = time.monotonic() + 30  # eventual, not a timing assertion
+    while time.monotonic() < deadline and _group_alive(pgid):
+        time.sleep(0.05)
+    assert not _group_alive(pgid), f"process group {pgid} survived the closed stream"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
