@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ class AdbServer:
     home: Path | None = None
     listen_all: bool = False
     host: str = "127.0.0.1"  # where clients reach it; a listen_all server on another host too
+    exit_with_pid: int | None = None  # the server exits when this process is gone (test sessions)
     started_here: bool = field(default=False, init=False)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
@@ -86,11 +88,21 @@ class AdbServer:
             return False
         self.home.mkdir(parents=True, exist_ok=True)
         self._kill_stale()
+        if self._port_taken():
+            raise AdbError(f"{self}: port {self.port} is in use by something that is not an adb "
+                           f"server; pick another adb_servers port")
         argv = [adb_binary(), *(["-a"] if self.listen_all else []), "-P", str(self.port),
                 "server", "nodaemon"]
+        if self.exit_with_pid is not None:
+            argv = [sys.executable, "-m", "farm.adb_server", "--exit-with-pid",
+                    str(self.exit_with_pid), "--", *argv]
+        env = self.env()
+        if self.exit_with_pid is not None:
+            repo_root = str(Path(__file__).resolve().parents[1])
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
         with open(self.home / LOG_FILE, "ab") as log:
             try:
-                self._proc = subprocess.Popen(argv, env=self.env(), stdin=subprocess.DEVNULL,
+                self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                               stdout=log, stderr=subprocess.STDOUT,
                                               start_new_session=True, cwd=self.home)
             except OSError as e:
@@ -125,7 +137,7 @@ class AdbServer:
         pid = self._pid()
         if pid is not None:
             self._wait_gone(pid, timeout)
-            if self._is_adb(pid):
+            if self._is_ours(pid):
                 self._terminate(pid)
         if self._proc is not None:
             try:
@@ -181,6 +193,13 @@ class AdbServer:
             time.sleep(0.1)
 
     # --- helpers -----------------------------------------------------------------------------
+    def _port_taken(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1.0):
+                return True
+        except OSError:
+            return False
+
     def _pid(self) -> int | None:
         if self._proc is not None:
             return self._proc.pid
@@ -192,23 +211,24 @@ class AdbServer:
     def _kill_stale(self) -> None:
         """A server we started earlier that no longer answers (hung, or half dead): end it."""
         pid = self._pid()
-        if pid is not None and self._is_adb(pid):
+        if pid is not None and self._is_ours(pid):
             self._terminate(pid)
         (self.home / PID_FILE).unlink(missing_ok=True)
 
     @staticmethod
-    def _is_adb(pid: int) -> bool:
+    def _is_ours(pid: int) -> bool:
+        """An adb server process, or our watchdog around one (a reused pid is left alone)."""
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             return False
-        return bool(cmdline) and os.path.basename(cmdline[0]) == b"adb"
+        return os.path.basename(cmdline[0]) == b"adb" or b"farm.adb_server" in cmdline
 
     @staticmethod
     def _wait_gone(pid: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not AdbServer._is_adb(pid):
+            if not AdbServer._is_ours(pid):
                 return True
             time.sleep(0.05)
         return False
@@ -234,3 +254,36 @@ class AdbServer:
         except OSError:
             return "(no log)"
         return " | ".join(text[-lines:]) or "(empty log)"
+
+
+def _watchdog(argv: list[str] | None = None) -> int:
+    """``python -m farm.adb_server --exit-with-pid PID -- adb ... server nodaemon``: run the server
+    and end it when PID is gone, so a test session killed -9 leaves no adb server behind."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m farm.adb_server")
+    parser.add_argument("--exit-with-pid", type=int, required=True)
+    parser.add_argument("command", nargs="+")
+    args = parser.parse_args(argv)
+    child = subprocess.Popen(args.command)
+    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    while True:
+        try:
+            return child.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.kill(args.exit_with_pid, 0)
+        except ProcessLookupError:
+            child.terminate()
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            return 0
+        except PermissionError:
+            pass
+
+
+if __name__ == "__main__":
+    sys.exit(_watchdog())

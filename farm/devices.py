@@ -244,11 +244,12 @@ class Device:
     # -- files ------------------------------------------------------------------------------------
 
     def push(self, src: BinaryIO, remote: str, *, mode: int = 0o644, timeout: float = 60.0,
-             on_bytes: Callable[[int], None] | None = None) -> int:
+             on_bytes: Callable[[int], None] | None = None, mtime: int | None = None) -> int:
         """Stream ``src`` to ``remote`` (parents created by adbd); returns the bytes sent.
 
         Memory stays constant (one 64 KiB buffer). ``timeout`` is an inactivity timeout: a multi-GB
         push may take minutes, but no single send or the final status may stall longer than that.
+        ``mtime`` (default: now) is what adbd sets as the file's modification time.
         """
         target = f"{remote},{stat.S_IFREG | mode}".encode()
         if len(target) > SYNC_PATH_MAX:
@@ -267,7 +268,8 @@ class Device:
                 total += n
                 if on_bytes:
                     on_bytes(n)
-            sock.sendall(b"DONE" + struct.pack("<I", int(time.time())))
+            stamp = int(time.time()) if mtime is None else mtime
+            sock.sendall(b"DONE" + struct.pack("<I", stamp & 0xFFFFFFFF))
             status = _recv_exact(sock, 8, time.monotonic() + timeout)
             if status[:4] == b"FAIL":
                 length = struct.unpack("<I", status[4:])[0]
@@ -445,7 +447,7 @@ def _list_server(server: AdbServerAddress) -> tuple[FarmAdbClient, list[tuple[st
         entries = client.list()
     except (adbutils.AdbError, OSError) as e:
         raise AdbError(f"adb server {server} unreachable: {e} "
-                       f"(start it with: adb -H {server.host} -P {server.port} start-server)") from None
+                       f"(is `adb -P {server.port} start-server` running on {server.host}?)") from None
     return client, [(e.serial, e.state) for e in entries]
 
 

@@ -43,7 +43,8 @@ class RunResult:
     stdout: str
     stderr: str
     duration_s: float
-    text: str | None = None  # outputs.txt: the echoed prompt and the generated text
+    text: str | None = None  # outputs.txt: the echoed prompt and the generated text (UTF-8, lossy)
+    text_bytes: bytes | None = field(default=None, repr=False)  # outputs.txt as the runner wrote it
     tokens_per_s: float | None = None  # inference_speed.txt (includes prefill, as upstream)
     observers: list[dict[str, Any]] = field(default_factory=list)  # one per iteration
     prompt_ids: list[int] | None = None
@@ -66,6 +67,7 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        del d["text_bytes"]  # JSON has no bytes; ``text`` carries the content
         d["local_dir"] = str(self.local_dir) if self.local_dir else None
         d["decode_tok_s"] = self.decode_tok_s
         d["prefill_tok_s"] = self.prefill_tok_s
@@ -198,7 +200,8 @@ def run(device: Device, bundle: Bundle, request: RunRequest, *, timeout: float =
     result = RunResult(
         serial=device.serial, bundle=bundle.name, mode=request.mode, updater=request.updater,
         command=command.shell, exit_code=shell.exit_code, stdout=shell.out, stderr=shell.err,
-        duration_s=duration, text=text("outputs"), tokens_per_s=parse_speed(text("speed")),
+        duration_s=duration, text=text("outputs"), text_bytes=files.get("outputs"),
+        tokens_per_s=parse_speed(text("speed")),
         observers=parse_observers(shell.out), prompt_ids=prompt_ids, generated_ids=generated_ids,
         local_dir=local_dir)
     if shell.exit_code != 0:

@@ -90,3 +90,24 @@ def _group_alive(pgid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+def test_adb_cli_shell_stdin_and_exit_code(shared_virtual_farm):
+    """The adb client speaks shell v2 with stdin packets and close-stdin."""
+    import subprocess
+
+    from farm.adb_server import adb_binary
+    serial = shared_virtual_farm.devices[0].serial
+    data = os.urandom(300_000)
+    r = subprocess.run([adb_binary(), "-P", str(shared_virtual_farm.adb_server.port), "-s", serial,
+                        "shell", "cat; exit 3"], input=data, capture_output=True,
+                       env=shared_virtual_farm.server.env(), timeout=60, check=False)
+    assert r.returncode == 3
+    assert r.stdout == data
+
+
+def test_unknown_service_is_refused(device):
+    with device.open_transport() as c:
+        c.send_command("framebuffer:")
+        with pytest.raises(adbutils.AdbError):
+            c.check_okay()

@@ -88,8 +88,9 @@ def test_push_outside_root_is_refused(shared_virtual_farm, device, dev, where, t
     src = tmp_path / "x.bin"
     src.write_bytes(b"nope")
     cli = subprocess.run([adb_binary(), "-P", str(shared_virtual_farm.adb_server.port), "-s",
-                          dev.serial, "push", str(src), target], env=shared_virtual_farm.server.env(),
-                         capture_output=True, text=True, timeout=60)
+                          dev.serial, "push", str(src), target],
+                         env=shared_virtual_farm.server.env(), capture_output=True, text=True,
+                         timeout=60, check=False)
     assert cli.returncode != 0
     assert "permission denied" in (cli.stderr + cli.stdout).lower()
     assert not os.path.exists(os.path.normpath(target))
@@ -107,3 +108,16 @@ def test_symlink_out_of_root_is_refused(device, dev, tmp_path):
     with pytest.raises(adbutils.AdbError, match="FAIL"):
         device.sync.push(b"nope", str(link / "f.bin"))
     assert not (tmp_path / "f.bin").exists()
+
+
+def test_adb_cli_pull_directory(shared_virtual_farm, dev, tmp_path):
+    """`adb pull DIR` walks it with LIS2/LST2 (ls_v2, stat_v2)."""
+    tree = dev.workspace / "tree"
+    (tree / "sub").mkdir(parents=True, exist_ok=True)
+    (tree / "a.bin").write_bytes(b"A" * 1000)
+    (tree / "sub" / "b.bin").write_bytes(os.urandom(70_000))
+    subprocess.run([adb_binary(), "-P", str(shared_virtual_farm.adb_server.port), "-s", dev.serial,
+                    "pull", str(tree), str(tmp_path)], check=True, capture_output=True,
+                   env=shared_virtual_farm.server.env(), timeout=60)
+    assert (tmp_path / "tree" / "a.bin").read_bytes() == b"A" * 1000
+    assert (tmp_path / "tree" / "sub" / "b.bin").read_bytes() == (tree / "sub" / "b.bin").read_bytes()

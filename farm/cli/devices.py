@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import click
+from rich import box
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -34,14 +35,15 @@ def _gb(n: int | None) -> str:
     return "" if n is None else f"{n / 1e9:.1f}"
 
 
-def _device_row(d: DeviceInfo) -> list[str]:
-    android = f"{d.android_release or '?'} (sdk {d.sdk})" if d.state == "device" else ""
+def _device_row(d: DeviceInfo, with_server: bool) -> list[str]:
+    ready = d.state == "device" and not d.error
     hottest = max(d.thermal.values(), default=None)
     temps = "/".join(f"{t:.0f}" for t in (d.battery_temp_c, hottest) if t is not None)
-    return [d.serial, d.server, d.state if not d.error else f"error: {d.error}", d.soc or "",
-            d.htp_arch or "", d.model or "", android if d.state == "device" else "", d.abi or "",
-            "yes" if d.virtual else "", _gb(d.free_bytes),
-            "" if d.battery_level is None else f"{d.battery_level}%", temps]
+    row = [d.serial] + ([d.server] if with_server else [])
+    return row + [d.state if not d.error else f"error: {d.error}", d.soc or "", d.htp_arch or "",
+                  d.model or "", f"{d.android_release or '?'}/{d.sdk or '?'}" if ready else "",
+                  "yes" if d.virtual else "", _gb(d.free_bytes),
+                  "" if d.battery_level is None else f"{d.battery_level}%", temps]
 
 
 @click.command("devices")
@@ -57,13 +59,17 @@ def devices(config_path: str | None, as_json: bool) -> None:
             "devices": [d.to_dict() for s in scans for d in s.devices],
         }, indent=2))
     else:
-        table = Table(title="devices")
-        for col in ("serial", "server", "state", "SoC", "HTP", "model", "android", "abi", "virtual",
-                    "free GB", "battery", "temp C"):
+        with_server = len(scans) > 1
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True)
+        table.add_column("serial", no_wrap=True)
+        if with_server:
+            table.add_column("server", no_wrap=True)
+        # battery temperature / hottest thermal zone; JSON has every attribute, the table the gist
+        for col in ("state", "SoC", "HTP", "model", "android", "virt", "free GB", "batt", "temp C"):
             table.add_column(col)
         for s in scans:
             for d in s.devices:
-                table.add_row(*_device_row(d))
+                table.add_row(*_device_row(d, with_server))
         Console().print(table)
         err = Console(stderr=True)
         for s in scans:

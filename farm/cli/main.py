@@ -28,20 +28,20 @@ def main() -> None:
 
 
 def _register() -> None:
-    # Each sub-command family lives in its own module and is added here.
+    # Each sub-command family lives in its own module; imports stay inside the commands that need
+    # torch or adb, so that `farm --help` is instant.
+    from farm.cli import devices as devices_cli
     from farm.cli import export as export_cli
-
-    main.add_command(export_cli.export)
+    from farm.cli import pool as pool_cli
+    from farm.cli import qualify as qualify_cli
     from farm.cli import virtual as virtual_cli
 
+    main.add_command(export_cli.export)
     main.add_command(virtual_cli.virtual)
-    from farm.cli import devices as devices_cli
-
     for command in devices_cli.COMMANDS:  # devices, deploy, run
         main.add_command(command)
-    from farm.cli import pool as pool_cli
-
     main.add_command(pool_cli.pool)
+    main.add_command(qualify_cli.qualify)
 
 
 _register()

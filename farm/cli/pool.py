@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shlex
+import sys
 from typing import Any
 
 import click
@@ -115,7 +116,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(st.to_dict(), indent=2))
         return
-    console = Console()
+    # Not a terminal (CI logs, pipes): do not wrap rows at 80 columns.
+    console = Console(width=None if sys.stdout.isatty() else 200)
     if not st.devices:
         click.echo("the pool has no devices: run 'farm pool sync'")
     for table in _status_tables(st):

@@ -70,6 +70,7 @@ def sync(txn: Txn, infos: Iterable[DeviceInfoLike | Mapping[str, Any]],
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'available', ?, ?, ?)",
                     (*attrs, rec.serial, txn.now, txn.now, txn.now))
             log_event(txn, "added", serial=rec.serial, to_state="available", detail=rec.describe())
+            txn.freed = True
             report.added.append(rec.serial)
             continue
         old_attrs = (row["server"], row["soc"], row["htp_arch"], row["model"], int(row["virtual"]),
@@ -79,6 +80,7 @@ def sync(txn: Txn, infos: Iterable[DeviceInfoLike | Mapping[str, Any]],
                 (*attrs, txn.now, rec.serial))
         if old_attrs[:6] != attrs[:6]:
             log_event(txn, "updated", serial=rec.serial, detail=rec.describe())
+            txn.freed = True  # new attributes may now satisfy a waiter
             report.updated.append(rec.serial)
         if row["state"] == OFFLINE:
             new = settled_state(txn, rec.serial, present=True)

@@ -5,11 +5,14 @@
                       ttl_s=300, timeout_s=600) as lease:
         run_on(lease.serial, lease.server)
 
-Waiting is a row in the ``queue`` table. On each poll a waiter, inside a serialized write transaction,
-first reclaims expired leases, then takes an available device only if no waiter ahead of it (higher
-priority, or same priority and earlier arrival) could use that device. So waiters are served in priority
-then arrival order among those who want the same kind of device, and a waiter for a rare SoC does not
-block one for a common SoC. A waiter that stops polling (killed) is dropped after ``waiter_stale_s``.
+Waiting is a row in the ``queue`` table, and every lease is granted by one function, ``dispatch``, run
+inside the serialized write transaction of every pool change (a new request, a release, an expiry, a
+restore, a sync): it gives each available device to the first waiter in service order (priority, then
+arrival) whose request the device satisfies. So waiters are served in priority then arrival order among
+those who want that kind of device, and a waiter for a rare SoC does not block one for a common SoC.
+A waiter polls with one cheap read (granted yet?) and takes the write lock only when something changed
+for it; a waiter that stops polling (killed) is dropped after ``waiter_stale_s``, and a device granted
+to a holder that died before noticing comes back when that lease's TTL runs out.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import random
 import secrets
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +50,48 @@ class _Outcome:
     timeout_message: str | None = None
 
 
+def waiting(txn: Txn) -> list[QueueEntry]:
+    """The queue in service order: priority (highest first), then arrival."""
+    entries = [queue_from_row(r) for r in txn.all("SELECT * FROM queue")]
+    return sorted(entries, key=lambda q: q.rank)
+
+
+def dispatch(txn: Txn) -> dict[int, str]:
+    """Give each available device to the first waiter, in service order, whose request it satisfies.
+
+    This is the only place a lease is created. A waiter at the head of the queue for one kind of
+    device does not hold back a device it cannot use. Returns {queue id: lease token} of the grants.
+    """
+    txn.freed = False
+    queue = waiting(txn)
+    if not queue:
+        return {}
+    granted: dict[int, str] = {}
+    # Least recently changed first, so that load spreads over equivalent devices.
+    for row in txn.all("SELECT * FROM devices WHERE state = ? ORDER BY state_since, serial",
+                       (AVAILABLE,)):
+        device = device_from_row(row)
+        for entry in queue:
+            if entry.id not in granted and entry.request.matches(device):
+                granted[entry.id] = _grant(txn, device, entry)
+                break
+    return granted
+
+
+def _grant(txn: Txn, device: DeviceRecord, entry: QueueEntry) -> str:
+    token = secrets.token_hex(16)
+    txn.run("INSERT INTO leases (token, serial, holder_user, holder_host, holder_pid, holder_ci_job, "
+            "purpose, priority, request, created, renewed, expires, queue_id) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (token, device.serial, *holder_params(entry.holder), entry.request.priority,
+             entry.request.to_json(), txn.now, txn.now, txn.now + entry.ttl, entry.id))
+    set_state(txn, device.serial, AVAILABLE, LEASED)
+    txn.run("DELETE FROM queue WHERE id = ?", (entry.id,))
+    log_event(txn, "leased", serial=device.serial, from_state=AVAILABLE, to_state=LEASED, token=token,
+              queue_id=entry.id, holder=entry.holder.describe(), detail=entry.request.to_json())
+    return token
+
+
 class Pool:
     """A handle on the shared pool. Thread-safe; open one per process."""
 
@@ -57,6 +104,7 @@ class Pool:
         self.default_timeout_s = default_timeout_s
         self.poll_s = poll_s
         self.waiter_stale_s = waiter_stale_s
+        self._stale_checked = 0.0
 
     @classmethod
     def open(cls, url: str, *, connect_timeout_s: float = 10.0, lock_timeout_s: float = 30.0,
@@ -83,6 +131,21 @@ class Pool:
 
     # -- leasing -------------------------------------------------------------------------------
 
+    @contextmanager
+    def _write(self) -> Iterator[Txn]:
+        """A write transaction that first settles the pool (expired leases, stale waiters, free devices
+        to waiters) and hands out whatever the body freed before it commits."""
+        with self.store.write() as txn:
+            reclaim_expired(txn)
+            if time.monotonic() - self._stale_checked > self.waiter_stale_s / 10:
+                self._drop_stale_waiters(txn)
+                self._stale_checked = time.monotonic()
+            if txn.freed:
+                dispatch(txn)
+            yield txn
+            if txn.freed:
+                dispatch(txn)
+
     def acquire(self, request: LeaseRequest | None = None, holder: Holder | None = None,
                 ttl_s: float | None = None, timeout_s: float | None = None,
                 heartbeat_s: float | None = None) -> Lease:
@@ -99,78 +162,82 @@ class Pool:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
         deadline = time.monotonic() + max(0.0, timeout)
         queue_id: int | None = None
+        last_write = 0.0
         try:
             while True:
                 give_up = time.monotonic() >= deadline
-                with self.store.write() as txn:
+                if (queue_id is not None and not give_up
+                        and time.monotonic() - last_write < self.waiter_stale_s / 4
+                        and not self._worth_a_write(queue_id)):
+                    # Nothing for us yet: wait without taking the pool's write lock.
+                    self._sleep(deadline)
+                    continue
+                with self._write() as txn:
                     outcome = self._attempt(txn, request, holder, ttl, queue_id, give_up, timeout)
+                last_write = time.monotonic()
                 queue_id = outcome.queue_id
                 if outcome.lease is not None:
                     assert outcome.device is not None
                     return Lease(self, outcome.lease, outcome.device, ttl, heartbeat_s)
                 if outcome.timeout_message is not None:
                     queue_id = None
-                    raise LeaseTimeout(outcome.timeout_message,
-                                       serial=request.serial)
-                # Jitter so that waiters woken together do not poll in lock-step.
-                time.sleep(min(self.poll_s * random.uniform(0.5, 1.5),
-                               max(0.0, deadline - time.monotonic())))
+                    raise LeaseTimeout(outcome.timeout_message, serial=request.serial)
+                self._sleep(deadline)
         except BaseException:
             if queue_id is not None:
                 self._leave_queue(queue_id, holder)
             raise
 
+    def _sleep(self, deadline: float) -> None:
+        # Jitter, so that waiters woken together do not poll in lock-step.
+        time.sleep(min(self.poll_s * random.uniform(0.5, 1.5), max(0.0, deadline - time.monotonic())))
+
+    def _worth_a_write(self, queue_id: int) -> bool:
+        """One cheap read: were we granted a device, dropped from the queue, or is there an expired
+        lease to reclaim? Otherwise a write transaction could not change anything for us."""
+        row = self.store.query_one(
+            "SELECT (SELECT count(*) FROM leases WHERE queue_id = ?) AS granted, "
+            "(SELECT count(*) FROM queue WHERE id = ?) AS queued, "
+            "(SELECT count(*) FROM leases WHERE ended IS NULL AND expires < {now}) AS expired",
+            (queue_id, queue_id))
+        return bool(row["granted"]) or not row["queued"] or bool(row["expired"])
+
     def _attempt(self, txn: Txn, request: LeaseRequest, holder: Holder, ttl: float,
                  queue_id: int | None, give_up: bool, timeout: float) -> _Outcome:
-        reclaim_expired(txn)
-        self._drop_stale_waiters(txn)
-        waiters = [queue_from_row(r) for r in txn.all("SELECT * FROM queue ORDER BY id")]
-        if queue_id is not None and all(w.id != queue_id for w in waiters):
-            queue_id = None  # we were dropped as stale (paused too long): queue again, at the back
-        my_rank = (-request.priority, queue_id if queue_id is not None else float("inf"))
-        ahead = [w for w in waiters if w.id != queue_id and (-w.request.priority, w.id) < my_rank]
-        # Least recently changed first, so that load spreads over equivalent devices.
-        available = [device_from_row(r) for r in txn.all(
-            "SELECT * FROM devices WHERE state = ? ORDER BY state_since, serial", (AVAILABLE,))]
-        for device in available:
-            if request.matches(device) and not any(w.request.matches(device) for w in ahead):
-                return _Outcome(lease=self._grant(txn, device, request, holder, ttl, queue_id),
-                                device=device)
-        if give_up:
-            message = self._timeout_message(txn, request, timeout, ahead)
-            if queue_id is not None:
-                txn.run("DELETE FROM queue WHERE id = ?", (queue_id,))
-                log_event(txn, "gave_up", queue_id=queue_id, holder=holder.describe(),
-                          detail=f"waited {timeout:g}s for {request.describe()}")
-            return _Outcome(timeout_message=message)
+        """One write-locked step of acquire. Devices are only ever granted by ``dispatch``; here we
+        join the queue, or collect what dispatch granted us, or leave when time is up."""
+        if queue_id is not None:
+            dispatch(txn)  # normally a no-op: every change that frees a device dispatches it
+            granted = txn.one("SELECT * FROM leases WHERE queue_id = ?", (queue_id,))
+            if granted is not None and granted["ended"] is None:
+                return self._outcome_granted(txn, granted)
+            if granted is not None or txn.one("SELECT id FROM queue WHERE id = ?", (queue_id,)) is None:
+                queue_id = None  # dropped as stale (we were paused too long): queue again, at the back
         if queue_id is None:
             queue_id = txn.insert(
                 "INSERT INTO queue (priority, request, holder_user, holder_host, holder_pid, "
-                "holder_ci_job, purpose, enqueued, polled) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "RETURNING id",
-                (request.priority, request.to_json(), *holder_params(holder), txn.now, txn.now))
+                "holder_ci_job, purpose, ttl, enqueued, polled) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (request.priority, request.to_json(), *holder_params(holder), ttl, txn.now, txn.now))
+            if queue_id in dispatch(txn):  # served at once: it never waited, so no "queued" event
+                granted = txn.one("SELECT * FROM leases WHERE queue_id = ?", (queue_id,))
+                return self._outcome_granted(txn, granted)
             log_event(txn, "queued", queue_id=queue_id, holder=holder.describe(),
                       detail=request.to_json())
-        else:
-            txn.run("UPDATE queue SET polled = ? WHERE id = ?", (txn.now, queue_id))
+        if give_up:
+            ahead = [w for w in waiting(txn) if w.ranks_before(request.priority, queue_id)]
+            txn.run("DELETE FROM queue WHERE id = ?", (queue_id,))
+            log_event(txn, "gave_up", queue_id=queue_id, holder=holder.describe(),
+                      detail=f"waited {timeout:g}s for {request.describe()}")
+            return _Outcome(timeout_message=self._timeout_message(txn, request, timeout, ahead))
+        txn.run("UPDATE queue SET polled = ? WHERE id = ?", (txn.now, queue_id))
         return _Outcome(queue_id=queue_id)
 
-    def _grant(self, txn: Txn, device: DeviceRecord, request: LeaseRequest, holder: Holder,
-               ttl: float, queue_id: int | None) -> LeaseInfo:
-        token = secrets.token_hex(16)
-        txn.run("INSERT INTO leases (token, serial, holder_user, holder_host, holder_pid, "
-                "holder_ci_job, purpose, priority, request, created, renewed, expires) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (token, device.serial, *holder_params(holder), request.priority, request.to_json(),
-                 txn.now, txn.now, txn.now + ttl))
-        set_state(txn, device.serial, AVAILABLE, LEASED)
-        if queue_id is not None:
-            txn.run("DELETE FROM queue WHERE id = ?", (queue_id,))
-        log_event(txn, "leased", serial=device.serial, from_state=AVAILABLE, to_state=LEASED,
-                  token=token, queue_id=queue_id, holder=holder.describe(),
-                  detail=request.to_json())
-        return LeaseInfo(token=token, serial=device.serial, holder=holder, priority=request.priority,
-                         created=txn.now, renewed=txn.now, expires=txn.now + ttl)
+    @staticmethod
+    def _outcome_granted(txn: Txn, lease_row: dict[str, Any]) -> _Outcome:
+        device = device_from_row(txn.one("SELECT * FROM devices WHERE serial = ?",
+                                         (lease_row["serial"],)))
+        return _Outcome(lease=lease_from_row(lease_row), device=device)
 
     def _drop_stale_waiters(self, txn: Txn) -> None:
         stale = txn.all("SELECT * FROM queue WHERE polled < ?", (txn.now - self.waiter_stale_s,))
@@ -181,12 +248,18 @@ class Pool:
                       detail=f"no poll for {txn.now - row['polled']:.1f}s")
 
     def _leave_queue(self, queue_id: int, holder: Holder) -> None:
-        """Best effort on the way out of an interrupted acquire; a stale row is dropped later anyway."""
+        """Best effort on the way out of an interrupted acquire: leave the queue, and give back a
+        device granted meanwhile. A stale row or lease would be cleaned up later anyway."""
         try:
-            with self.store.write() as txn:
-                if txn.run("DELETE FROM queue WHERE id = ?", (queue_id,)):
+            with self._write() as txn:
+                if txn.one("SELECT id FROM queue WHERE id = ?", (queue_id,)) is not None:
+                    txn.run("DELETE FROM queue WHERE id = ?", (queue_id,))
                     log_event(txn, "gave_up", queue_id=queue_id, holder=holder.describe(),
                               detail="acquire interrupted")
+                granted = txn.one("SELECT * FROM leases WHERE queue_id = ? AND ended IS NULL",
+                                  (queue_id,))
+                if granted is not None:
+                    end_lease(txn, granted, "released")
         except PoolError:
             pass
 
@@ -218,8 +291,7 @@ class Pool:
 
     def renew(self, token: str, ttl_s: float) -> LeaseInfo:
         """Push the lease's expiry to now + ``ttl_s``. LeaseError if it ended or expired."""
-        with self.store.write() as txn:
-            reclaim_expired(txn)
+        with self._write() as txn:
             row = txn.one("SELECT * FROM leases WHERE token = ?", (token,))
             if row is not None and row["ended"] is None:
                 txn.run("UPDATE leases SET renewed = ?, expires = ? WHERE token = ?",
@@ -231,8 +303,7 @@ class Pool:
 
     def release(self, token: str) -> LeaseInfo:
         """End the lease; the device goes back to the pool. LeaseError for a stale or foreign token."""
-        with self.store.write() as txn:
-            reclaim_expired(txn)
+        with self._write() as txn:
             row = txn.one("SELECT * FROM leases WHERE token = ?", (token,))
             if row is not None and row["ended"] is None:
                 end_lease(txn, row, "released")
@@ -260,24 +331,24 @@ class Pool:
         """Merge a discovery result (DeviceInfo-like objects or dicts) into the pool. Devices of the
         scanned ``servers`` (all servers if None) that are missing go offline; returning ones come
         back."""
-        with self.store.write() as txn:
+        with self._write() as txn:
             return health.sync(txn, devices, None if servers is None else [str(s) for s in servers])
 
     def record_infra_failure(self, serial: str, reason: str) -> bool:
         """Count an infra failure; True if this one quarantined the device."""
-        with self.store.write() as txn:
+        with self._write() as txn:
             return health.record_infra_failure(txn, serial, reason, self.quarantine_after)
 
     def record_success(self, serial: str) -> None:
-        with self.store.write() as txn:
+        with self._write() as txn:
             health.record_success(txn, serial)
 
     def quarantine(self, serial: str, reason: str) -> None:
-        with self.store.write() as txn:
+        with self._write() as txn:
             health.quarantine(txn, serial, reason)
 
     def restore(self, serial: str) -> str:
-        with self.store.write() as txn:
+        with self._write() as txn:
             return health.restore(txn, serial)
 
     # -- reading -------------------------------------------------------------------------------
@@ -288,8 +359,7 @@ class Pool:
                       for r in txn.all("SELECT * FROM leases WHERE ended IS NULL")}
             devices = [DeviceStatus(device_from_row(r), leases.get(r["serial"]))
                        for r in txn.all("SELECT * FROM devices ORDER BY serial")]
-            queue = [queue_from_row(r) for r in txn.all("SELECT * FROM queue ORDER BY id")]
-            queue.sort(key=lambda q: (-q.request.priority, q.id))
+            queue = waiting(txn)
             return PoolStatus(now=txn.now, devices=devices, queue=queue)
 
     def history(self, serial: str | None = None, token: str | None = None, limit: int | None = 100,

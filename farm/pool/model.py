@@ -241,8 +241,17 @@ class QueueEntry:
     id: int
     request: LeaseRequest
     holder: Holder
+    ttl: float
     enqueued: float
     polled: float
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """Service order: smaller is served first."""
+        return (-self.request.priority, self.id)
+
+    def ranks_before(self, priority: int, queue_id: int) -> bool:
+        return self.rank < (-priority, queue_id)
 
 
 @dataclass(frozen=True)

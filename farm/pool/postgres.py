@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -27,6 +28,7 @@ from farm.pool.store import Store, Txn, redact_url
 
 class PostgresStore(Store):
     dialect = "postgresql"
+    now_sql = "extract(epoch FROM clock_timestamp())"
 
     def __init__(self, url: str, *, connect_timeout_s: float = 10.0, lock_timeout_s: float = 30.0):
         super().__init__(url)
@@ -51,12 +53,23 @@ class PostgresStore(Store):
         self._conn = conn
         return conn
 
+    def _query_one(self, sql: str, params: tuple) -> dict[str, Any]:
+        conn = self._connect()
+        try:
+            row = conn.execute(sql.replace("?", "%s"), params).fetchone()
+        except psycopg.Error as e:
+            self._drop_if_broken()
+            raise PoolError(f"pool {self.display_url}: {_one_line(e)}") from e
+        assert row is not None
+        return row
+
     @contextmanager
     def _transaction(self, *, write: bool) -> Iterator[Txn]:
         conn = self._connect()
         try:
             with conn.transaction():
                 cur = conn.cursor()
+                # The clock is read after the lock is granted: "now" is when we hold the pool.
                 if write:
                     cur.execute("SELECT schema_version FROM pool_meta WHERE id = 1 FOR UPDATE")
                 else:

@@ -35,7 +35,8 @@ def lease_from_row(row: dict[str, Any]) -> LeaseInfo:
 
 def queue_from_row(row: dict[str, Any]) -> QueueEntry:
     return QueueEntry(id=int(row["id"]), request=LeaseRequest.from_json(row["request"]),
-                      holder=holder_from_row(row), enqueued=row["enqueued"], polled=row["polled"])
+                      holder=holder_from_row(row), ttl=row["ttl"], enqueued=row["enqueued"],
+                      polled=row["polled"])
 
 
 def event_from_row(row: dict[str, Any]) -> Event:
@@ -55,6 +56,8 @@ def log_event(txn: Txn, kind: str, *, serial: str | None = None, from_state: str
 
 def set_state(txn: Txn, serial: str, old: str, new: str, reason: str | None = None) -> None:
     """Change a device's state (the caller logs the event that explains why)."""
+    if new == AVAILABLE:
+        txn.freed = True
     if reason is None:
         txn.run("UPDATE devices SET state = ?, state_since = ? WHERE serial = ?",
                 (new, txn.now, serial))

@@ -60,10 +60,13 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             renewed {real} NOT NULL,
             expires {real} NOT NULL,
             ended {real},
-            end_reason TEXT
+            end_reason TEXT,
+            queue_id INTEGER
         )""",
         # The database itself refuses a second live lease on a device, whatever the code above does.
         "CREATE UNIQUE INDEX leases_one_live_per_device ON leases (serial) WHERE ended IS NULL",
+        "CREATE INDEX leases_live_by_expiry ON leases (expires) WHERE ended IS NULL",
+        "CREATE INDEX leases_by_queue_id ON leases (queue_id)",
         """CREATE TABLE queue (
             id {id},
             priority INTEGER NOT NULL,
@@ -73,6 +76,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             holder_pid INTEGER NOT NULL,
             holder_ci_job TEXT NOT NULL DEFAULT '',
             purpose TEXT NOT NULL DEFAULT '',
+            ttl {real} NOT NULL,
             enqueued {real} NOT NULL,
             polled {real} NOT NULL
         )""",

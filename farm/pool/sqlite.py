@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from farm.errors import PoolError, UsageError
 from farm.pool.schema import SCHEMA_VERSION, apply_migrations, current_version
@@ -33,6 +34,8 @@ def sqlite_path(url: str) -> Path:
 
 class SqliteStore(Store):
     dialect = "sqlite"
+    # The host clock, as time.time() reads it (julianday has millisecond resolution).
+    now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
 
     def __init__(self, url: str, *, lock_timeout_s: float = 30.0):
         super().__init__(url)
@@ -57,6 +60,12 @@ class SqliteStore(Store):
             raise PoolError(f"pool {self.url}: cannot open SQLite database {self.path}: {e}") from e
         self._conn = conn
         return conn
+
+    def _query_one(self, sql: str, params: tuple) -> dict[str, Any]:
+        try:
+            return dict(self._connect().execute(sql, params).fetchone())
+        except sqlite3.Error as e:
+            raise PoolError(f"pool {self.url}: {e}") from e
 
     @contextmanager
     def _transaction(self, *, write: bool) -> Iterator[Txn]:

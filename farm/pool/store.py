@@ -34,6 +34,8 @@ class Txn:
         self._cur = cursor
         self.now = now
         self._placeholder = placeholder
+        # Set when a device became available in this transaction: the pool then hands it out.
+        self.freed = False
 
     def _sql(self, sql: str) -> str:
         return sql if self._placeholder == "?" else sql.replace("?", self._placeholder)
@@ -79,6 +81,17 @@ class Store(ABC):
     def read(self) -> Iterator[Txn]:
         with self._lock, self._transaction(write=False) as txn:
             yield txn
+
+    # An SQL expression for the pool clock (epoch seconds), for single statements outside a Txn.
+    now_sql: str
+
+    def query_one(self, sql: str, params: tuple = ()) -> dict[str, Any]:
+        """One single-row statement outside an explicit transaction: a waiter's cheap poll."""
+        with self._lock:
+            return self._query_one(sql.replace("{now}", self.now_sql), params)
+
+    @abstractmethod
+    def _query_one(self, sql: str, params: tuple) -> dict[str, Any]: ...
 
     @abstractmethod
     def _transaction(self, *, write: bool) -> Any:

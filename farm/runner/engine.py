@@ -244,8 +244,40 @@ class LlamaRunner:
         return token
 
 
+def import_runtime():
+    """executorch.runtime, without importing the exporter.
+
+    The runtime's pybindings import `executorch.exir._warnings` only for a warning class, and importing it
+    the normal way runs `executorch/exir/__init__.py`, the whole exporter (dynamo, passes): seconds of
+    start-up on every run of the runner, i.e. of every test case on a device. A bare package module
+    stands in for `executorch.exir` while the runtime imports, so only `_warnings.py` runs. Should a
+    future release need more of exir at import, the plain import is the fallback.
+    """
+    import importlib
+    import sys
+    import types
+
+    if "executorch.runtime" in sys.modules or "executorch.exir" in sys.modules:
+        return importlib.import_module("executorch.runtime")
+    import executorch
+
+    stand_in = types.ModuleType("executorch.exir")
+    stand_in.__path__ = [str(Path(executorch.__path__[0]) / "exir")]
+    sys.modules["executorch.exir"] = stand_in
+    try:
+        return importlib.import_module("executorch.runtime")
+    except ImportError:
+        for name in [n for n in sys.modules if n.startswith(("executorch.exir", "executorch.runtime",
+                                                              "executorch.extension.pybindings"))]:
+            del sys.modules[name]
+        return importlib.import_module("executorch.runtime")
+    finally:
+        if sys.modules.get("executorch.exir") is stand_in:
+            del sys.modules["executorch.exir"]
+
+
 def _load_program(model_path: str):
-    from executorch.runtime import Runtime
+    Runtime = import_runtime().Runtime
 
     p = Path(model_path)
     if not p.is_file():

@@ -5,5 +5,11 @@ from farm.virtual.faults import Faults
 from farm.virtual.identity import SOC_PROFILES, VirtualDeviceSpec
 from farm.virtual.manager import DeviceStatus, VirtualDeviceRecord, VirtualFarm
 
-__all__ = ["DeviceStatus", "Faults", "SOC_PROFILES", "VirtualDeviceRecord", "VirtualDeviceSpec",
-           "VirtualFarm"]
+__all__ = [
+           "SOC_PROFILES",
+           "DeviceStatus",
+           "Faults",
+           "VirtualDeviceRecord",
+           "VirtualDeviceSpec",
+           "VirtualFarm",
+]

@@ -25,8 +25,18 @@ from pathlib import Path
 from farm.errors import UsageError
 from farm.virtual.faults import NO_FAULTS, Faults, read_faults
 from farm.virtual.identity import DeviceIdentity, load_identity
-from farm.virtual.protocol import (A_CLSE, A_CNXN, A_OKAY, A_OPEN, A_VERSION, A_WRTE,
-                                   MAX_PAYLOAD, ProtocolError, Transport, device_banner)
+from farm.virtual.protocol import (
+    A_CLSE,
+    A_CNXN,
+    A_OKAY,
+    A_OPEN,
+    A_VERSION,
+    A_WRTE,
+    MAX_PAYLOAD,
+    ProtocolError,
+    Transport,
+    device_banner,
+)
 from farm.virtual.shell import CommandContext, parse_shell_service, run_shell
 from farm.virtual.stream import Stream
 from farm.virtual.sync import SyncService
@@ -209,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"farm.virtual.device: {root}: {e}", file=sys.stderr)
         return 2
 
-    def on_term(signum, frame):  # noqa: ARG001
+    def on_term(signum, frame):
         device.stop()
         os._exit(0)
 

@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Self
 
 import adbutils
 
@@ -24,8 +25,12 @@ from farm.config import AdbServerAddress
 from farm.errors import AdbError, InfraError, UsageError
 from farm.virtual.device import PGID_DIR, RUN_FILE
 from farm.virtual.faults import NO_FAULTS, Faults, write_faults
-from farm.virtual.identity import (WORKSPACE_REL, VirtualDeviceSpec, create_device_root,
-                                   make_identity)
+from farm.virtual.identity import (
+    WORKSPACE_REL,
+    VirtualDeviceSpec,
+    create_device_root,
+    make_identity,
+)
 
 STATE_FILE = "state.json"
 EMULATOR_PORTS = range(5554, 5586)  # the adb server adopts anything listening there as an emulator
@@ -92,7 +97,8 @@ class VirtualFarm:
         if state and adb_port and state.get("adb_port") != adb_port:
             raise UsageError(f"{self.state_path}: a virtual farm on adb port "
                              f"{state.get('adb_port')} is up; run 'farm virtual down' first")
-        self.server = AdbServer(port=port, home=self.home / "adb-home" / str(port))
+        self.server = AdbServer(port=port, home=self.home / "adb-home" / str(port),
+                                exit_with_pid=os.getpid() if tie_to_owner else None)
 
     # --- public API --------------------------------------------------------------------------
     @property
@@ -102,7 +108,7 @@ class VirtualFarm:
     def client(self) -> adbutils.AdbClient:
         return self.server.client()
 
-    def __enter__(self) -> VirtualFarm:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -143,7 +149,7 @@ class VirtualFarm:
 
     def ls(self) -> list[DeviceStatus]:
         states = self.server.devices() if self.server.is_running() else {}
-        return [DeviceStatus(r, _is_device_process(r.pid, r.root), states.get(r.serial, "absent"))
+        return [DeviceStatus(r, is_device_process(r.pid, r.root), states.get(r.serial, "absent"))
                 for r in self.devices]
 
     def down(self) -> None:
@@ -241,10 +247,10 @@ class VirtualFarm:
                            serial=record.serial) from None
 
     def _kill_device(self, record: VirtualDeviceRecord) -> None:
-        if _is_device_process(record.pid, record.root):
+        if is_device_process(record.pid, record.root):
             _kill_pid(record.pid)
             deadline = time.monotonic() + 5
-            while _is_device_process(record.pid, record.root) and time.monotonic() < deadline:
+            while is_device_process(record.pid, record.root) and time.monotonic() < deadline:
                 time.sleep(0.02)
         proc = self._procs.pop(record.pid, None)
         if proc is not None:
@@ -282,7 +288,7 @@ class VirtualFarm:
         os.replace(tmp, self.state_path)
 
 
-def _is_device_process(pid: int, root: Path) -> bool:
+def is_device_process(pid: int, root: Path) -> bool:
     """True only for our device process on that root: a stale pid reused by another process is left
     alone."""
     try:

@@ -12,6 +12,7 @@ import stat
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 from farm.virtual.faults import Faults
 from farm.virtual.stream import Stream, StreamClosed, StreamReader
@@ -149,22 +150,31 @@ class SyncService:
     def _recv(self, path: str) -> None:
         try:
             src = self._confine(path)
-            f = open(src, "rb")
+            f = open(src, "rb")  # noqa: SIM115 - closed by the with below, after the checks
         except SyncFail as e:
             self._fail(str(e))
             return
         except OSError as e:
             self._fail(f"{path}: {e.strerror}")
             return
-        faults = self.load_faults()
-        self.stream.faults = faults
+        self.stream.faults = self.load_faults()
+        self._flush()
+        # DATA chunks are read straight into one maxdata-sized WRTE buffer: no per-chunk copies.
+        buf = bytearray(self.stream.transport.max_payload)
+        view = memoryview(buf)
+        pos = 0
         with f:
             while True:
-                chunk = f.read(SYNC_DATA_MAX)
-                if not chunk:
+                if pos + 8 + SYNC_DATA_MAX > len(buf):
+                    self.stream.write(view[:pos])
+                    pos = 0
+                n = f.readinto(view[pos + 8:pos + 8 + SYNC_DATA_MAX])
+                if not n:
                     break
-                self._emit(b"DATA" + struct.pack("<I", len(chunk)))
-                self._emit(chunk)
+                struct.pack_into("<4sI", buf, pos, b"DATA", n)
+                pos += 8 + n
+        if pos:
+            self.stream.write(view[:pos])
         self._emit(b"DONE" + struct.pack("<I", 0))
 
     def _send(self, spec: str) -> None:
@@ -233,7 +243,7 @@ class SyncService:
                 except OSError:
                     pass
 
-    _HANDLERS = {
+    _HANDLERS: ClassVar[dict[bytes, Callable[[SyncService, str], None]]] = {
         b"STAT": _stat_v1,
         b"STA2": _sta2,
         b"LST2": _lst2,

@@ -1,1 +1,28 @@
-"""Fixtures: virtual Snapdragon devices behind a real adb server of the test's own."""
+"""Fixtures: virtual Snapdragon devices behind a real adb server of the test's own.
+
+- ``virtual_farm``: a fresh VirtualFarm (nothing started yet) in tmp_path with its own adb server port;
+  call ``.up([...])`` in the test. Everything it started is stopped at teardown.
+- ``shared_virtual_farm``: one per session with an SM8650 and a platform-only SM8550 device, for tests
+  that do not change a device's state (no faults, no kill, no restart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from farm.virtual import VirtualDeviceSpec, VirtualFarm
+
+
+@pytest.fixture
+def virtual_farm(tmp_path) -> Iterator[VirtualFarm]:
+    with VirtualFarm(home=tmp_path / "farm") as vf:
+        yield vf
+
+
+@pytest.fixture(scope="session")
+def shared_virtual_farm(tmp_path_factory) -> Iterator[VirtualFarm]:
+    with VirtualFarm(home=tmp_path_factory.mktemp("shared-virtual-farm")) as vf:
+        vf.up([VirtualDeviceSpec(soc="SM8650"), VirtualDeviceSpec(soc="SM8550", platform_only=True)])
+        yield vf

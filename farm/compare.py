@@ -1,0 +1,72 @@
+"""The updater comparison: SmartMask and ShiftPointer must produce identical tokens at temperature 0.
+
+Upstream has no test comparing the two updaters; this is the farm's own correctness check. It compares
+token ids when the runner writes them (the host runner does) and the output text bytes otherwise (a
+stock qnn_llama_runner writes only outputs.txt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from farm.bundle import Bundle
+from farm.devices import Device
+from farm.run import RunResult, run
+from farm.runprofile import RunRequest
+
+UPDATER_PAIR = ("SmartMask", "ShiftPointer")
+
+
+@dataclass
+class Comparison:
+    serial: str
+    mode: str
+    prompt: str
+    seq_len: int
+    results: dict[str, RunResult] = field(default_factory=dict)
+
+    def _sequences(self) -> dict[str, list[int] | bytes]:
+        if all(r.generated_ids is not None for r in self.results.values()):
+            return {u: r.generated_ids for u, r in self.results.items()}
+        return {u: r.text_bytes or b"" for u, r in self.results.items()}
+
+    @property
+    def compared_by(self) -> str:
+        return "token ids" if all(r.generated_ids is not None for r in self.results.values()) \
+            else "output text"
+
+    @property
+    def agree(self) -> bool:
+        seqs = list(self._sequences().values())
+        return len(seqs) == len(UPDATER_PAIR) and all(s == seqs[0] for s in seqs)
+
+    def first_divergence(self) -> int | None:
+        a, b = (self._sequences()[u] for u in UPDATER_PAIR)
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return i
+        return None if len(a) == len(b) else min(len(a), len(b))
+
+    def explain(self) -> str:
+        if self.agree:
+            n = len(self._sequences()[UPDATER_PAIR[0]])
+            return f"{' and '.join(UPDATER_PAIR)} agree on {n} {self.compared_by.split()[-1]}"
+        i = self.first_divergence()
+        a, b = (self._sequences()[u] for u in UPDATER_PAIR)
+        return (f"{UPDATER_PAIR[0]} and {UPDATER_PAIR[1]} diverge at {self.compared_by} index {i} "
+                f"on {self.serial} ({self.mode}): {a[i:i + 5]!r} vs {b[i:i + 5]!r}")
+
+    def tok_s(self) -> dict[str, float | None]:
+        return {u: r.tokens_per_s for u, r in self.results.items()}
+
+
+def compare_updaters(device: Device, bundle: Bundle, *, mode: str, prompt: str, seq_len: int,
+                     timeout: float = 600.0, base: RunRequest | None = None) -> Comparison:
+    """Run the same greedy request with both updaters on one device (bundle already deployed)."""
+    request = base or RunRequest(prompts=[prompt])
+    request = replace(request, prompts=[prompt], mode=mode, seq_len=seq_len, temperature=0.0)
+    comparison = Comparison(serial=device.serial, mode=mode, prompt=prompt, seq_len=seq_len)
+    for updater in UPDATER_PAIR:
+        comparison.results[updater] = run(device, bundle, replace(request, updater=updater),
+                                          timeout=timeout)
+    return comparison

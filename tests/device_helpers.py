@@ -1,0 +1,78 @@
+"""Helpers of the device-layer tests: hand-made bundles and a fake runner that reports its argv."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from farm.bundle import Bundle, Mode, describe_file
+
+# A stand-in for qnn_llama_runner. It writes, as outputs.txt, a JSON report of exactly what it
+# received (argv, the library paths, cwd), so tests compare prompts byte for byte. Magic first
+# prompts: HANG sleeps (for timeouts), FAIL exits 7 with a message on stderr.
+FAKE_RUNNER = r'''#!/usr/bin/env python3
+import json, os, sys, time
+args = sys.argv[1:]
+opts, prompts, i = {}, [], 0
+while i < len(args):
+    if args[i] == "--shared_buffer":
+        opts[args[i]] = True
+        i += 1
+        continue
+    if args[i] == "--prompt":
+        prompts.append(args[i + 1])
+    else:
+        opts[args[i]] = args[i + 1]
+    i += 2
+if prompts and prompts[0] == "HANG":
+    print("hanging", flush=True)
+    time.sleep(600)
+if prompts and prompts[0] == "FAIL":
+    print("fake runner: cannot load model", file=sys.stderr)
+    sys.exit(7)
+report = {"argv": sys.argv[1:], "prompts": prompts, "cwd": os.getcwd(),
+          "env": {k: os.environ.get(k) for k in ("LD_LIBRARY_PATH", "ADSP_LIBRARY_PATH")},
+          "model": open(opts["--model_path"], "rb").read().decode()}
+with open(opts["--output_path"], "w") as f:
+    json.dump(report, f)
+with open(opts["--performance_output_path"], "w") as f:
+    f.write("42.5\n")
+print("PyTorchObserver " + json.dumps({"prompt_tokens": 10, "generated_tokens": 11,
+      "inference_start_ms": 1000, "prompt_eval_end_ms": 1100, "first_token_ms": 1100,
+      "inference_end_ms": 1600}))
+'''
+
+
+def write(path: Path, data: bytes | str, mode: int | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    if mode is not None:
+        os.chmod(path, mode)
+    return path
+
+
+def make_qnn_bundle(root: Path, name: str = "fake-qnn", *, dialect: str = "qnn-v1.0",
+                    archs: tuple[str, ...] = ("v73", "v75"), pte_bytes: int = 4096) -> Path:
+    """A manifest in the shape of a real QNN bundle: .pte files, the runner, the backend library,
+    per-arch QNN libraries (their content names their arch) and a tokenizer. Returns its path."""
+    root.mkdir(parents=True, exist_ok=True)
+    files = [
+        describe_file(root, write(root / "kv.pte", "kv-model " + "k" * pte_bytes), role="pte"),
+        describe_file(root, write(root / "hybrid.pte", "hybrid-model " + "h" * pte_bytes), role="pte"),
+        describe_file(root, write(root / "tokenizer.model", "tok"), role="tokenizer"),
+        describe_file(root, write(root / "qnn_llama_runner", FAKE_RUNNER, 0o644), role="runner"),
+        describe_file(root, write(root / "libqnn_executorch_backend.so", "backend"),
+                      role="backend_lib"),
+    ]
+    for arch in archs:
+        n = arch[1:]
+        files.append(describe_file(root, write(root / arch / f"libQnnHtpV{n}Stub.so", f"stub {arch}"),
+                                   role="qnn_lib", name=f"libQnnHtpV{n}Stub.so", htp_arch=arch))
+        files.append(describe_file(root, write(root / arch / "libQnnHtp.so", f"htp {arch}"),
+                                   role="qnn_lib", name="libQnnHtp.so", htp_arch=arch))
+    bundle = Bundle(name=name, runner_dialect=dialect, tokenizer="tokenizer.model", files=files,
+                    modes={"kv": Mode("kv.pte", 0, 1), "hybrid": Mode("hybrid.pte", 1, 32)},
+                    runner="qnn_llama_runner")
+    manifest = root / "manifest.json"
+    bundle.write(manifest)
+    return manifest

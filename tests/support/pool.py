@@ -1,0 +1,216 @@
+"""Fixtures for the device pool on both backends, and a worker process for contention tests.
+
+``pool_url`` is parametrized over SQLite (a file in tmp_path) and PostgreSQL (a fresh schema in the
+database of ``$PTEFARM_TEST_PG_URL``, dropped at teardown, so parallel runs never share tables). The
+PostgreSQL variant is skipped only when ``PTEFARM_TEST_PG_URL`` is set to the empty string; an
+unreachable server is a test error, so CI cannot silently lose half of the pool tests.
+
+Run as a module, this file is the worker the contention tests start many times:
+    python -m tests.support.pool contend URL NAME '{"priority": 10, ...}'
+    python -m tests.support.pool hold URL '{"serial": "dev0"}' TTL HEARTBEAT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+PG_ENV = "PTEFARM_TEST_PG_URL"
+
+
+def pg_base_url() -> str | None:
+    """The test server's URL; None only when the variable is explicitly empty (opt-out)."""
+    value = os.environ.get(PG_ENV)
+    if value is None:
+        return DEFAULT_PG_URL
+    return value or None
+
+
+def with_search_path(url: str, schema: str) -> str:
+    """``url`` whose sessions use ``schema`` (libpq's options parameter sets search_path)."""
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options={quote(f'-csearch_path={schema}', safe='')}"
+
+
+def fake_device(serial: str, soc: str = "SM8650", htp_arch: str | None = "v75", *,
+                server: str = "127.0.0.1:15037", virtual: bool = True, tags: tuple[str, ...] = (),
+                state: str = "device") -> dict[str, Any]:
+    """A discovery record as farm.devices.DeviceInfo.to_dict() would give it."""
+    return {"serial": serial, "server": server, "soc": soc, "htp_arch": htp_arch,
+            "model": f"Virtual {soc}", "virtual": virtual, "tags": list(tags), "state": state}
+
+
+@pytest.fixture
+def sqlite_pool_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'pool.db'}"
+
+
+@pytest.fixture
+def pg_pool_url() -> Iterator[str]:
+    """A PostgreSQL pool URL in a schema of its own, dropped afterwards."""
+    base = pg_base_url()
+    if base is None:
+        pytest.skip(f"{PG_ENV} is empty: PostgreSQL pool tests disabled")
+    import psycopg
+
+    schema = f"ptefarm_test_{secrets.token_hex(6)}"
+    try:
+        admin = psycopg.connect(base, autocommit=True, connect_timeout=10)
+    except psycopg.Error as e:
+        raise RuntimeError(f"PostgreSQL at {base} (from ${PG_ENV} or its default) is unreachable: "
+                           f"{e}; run ci/start-postgres.sh, or set {PG_ENV}= to skip") from e
+    with admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            yield with_search_path(base, schema)
+        finally:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def pool_url(request: pytest.FixtureRequest) -> str:
+    """A fresh, empty pool on each backend in turn."""
+    name = "sqlite_pool_url" if request.param == "sqlite" else "pg_pool_url"
+    return request.getfixturevalue(name)
+
+
+@pytest.fixture
+def pool(pool_url: str) -> Iterator[Any]:
+    from farm.pool import Pool
+
+    with Pool.open(pool_url, poll_s=0.02) as p:
+        yield p
+
+
+def worker_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tests.support.pool", *args]
+
+
+def start_worker(*args: str, **popen: Any) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen(worker_command(*args), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+
+
+def check_event_log(events: list[Any], devices: dict[str, Any]) -> dict[str, int]:
+    """Replay the pool's event log and assert the two invariants of leasing.
+
+    1. Never two holders: per device, ``leased`` alternates with the end (released/expired) of that
+       same lease.
+    2. Queue order: when a lease is granted on device D, no waiter then in the queue ranks ahead of the
+       grantee (higher priority, or equal priority and earlier arrival) and could have used D.
+    ``devices``: serial -> DeviceRecord (for matching). Returns counts, so callers can check the
+    replay was not vacuous.
+    """
+    from farm.pool import LeaseRequest
+
+    holder_of: dict[str, str | None] = {}
+    waiting: dict[int, LeaseRequest] = {}
+    counts = {"leased": 0, "from_queue": 0, "ended": 0, "passed_over": 0}
+    for e in events:
+        if e.kind == "queued":
+            waiting[e.queue_id] = LeaseRequest.from_json(e.detail)
+        elif e.kind in ("gave_up", "abandoned"):
+            waiting.pop(e.queue_id, None)
+        elif e.kind == "leased":
+            assert holder_of.get(e.serial) is None, \
+                f"event {e.id}: {e.serial} leased to {e.token} while {holder_of[e.serial]} holds it"
+            holder_of[e.serial] = e.token
+            request = LeaseRequest.from_json(e.detail)
+            rank = (-request.priority, e.queue_id if e.queue_id is not None else float("inf"))
+            for qid, other in waiting.items():
+                if qid == e.queue_id:
+                    continue
+                if (-other.priority, qid) < rank:
+                    assert not other.matches(devices[e.serial]), \
+                        (f"event {e.id}: {e.serial} went to {request.describe()} (queue {e.queue_id}) "
+                         f"although waiter {qid} ({other.describe()}) was ahead and could use it")
+                    counts["passed_over"] += 1
+            if waiting.pop(e.queue_id, None) is not None:
+                counts["from_queue"] += 1
+            counts["leased"] += 1
+        elif e.kind in ("released", "expired"):
+            assert holder_of.get(e.serial) == e.token, \
+                f"event {e.id}: {e.kind} of {e.token} on {e.serial}, held by {holder_of.get(e.serial)}"
+            holder_of[e.serial] = None
+            counts["ended"] += 1
+    return counts
+
+
+# -- worker side ----------------------------------------------------------------------------------
+
+def _contend(url: str, name: str, spec_json: str) -> int:
+    """Lease ``cycles`` times; each time prove exclusivity with an O_EXCL marker file per device.
+
+    Prints one JSON line per request: served (with serial and token) or timeout.
+    """
+    from farm.errors import LeaseTimeout
+    from farm.pool import Holder, LeaseRequest, Pool
+
+    spec = json.loads(spec_json)
+    request = LeaseRequest(**spec["request"])
+    markers = Path(spec["markers"])
+    go = Path(spec["go"])
+    with Pool.open(url, poll_s=spec.get("poll_s", 0.02)) as pool:
+        (Path(spec["ready"]) / name).touch()
+        while not go.exists():  # start together, so that they really contend
+            time.sleep(0.005)
+        for i in range(spec["cycles"]):
+            holder = Holder.current(purpose=f"{name}#{i}")
+            try:
+                lease = pool.acquire(request, holder, ttl_s=spec["ttl_s"], timeout_s=spec["timeout_s"])
+            except LeaseTimeout as e:
+                print(json.dumps({"worker": name, "outcome": "timeout", "message": str(e)}), flush=True)
+                continue
+            with lease:
+                marker = markers / lease.serial
+                try:
+                    fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    print(json.dumps({"worker": name, "outcome": "double", "serial": lease.serial}),
+                          flush=True)
+                    return 1
+                os.write(fd, name.encode())
+                os.close(fd)
+                time.sleep(spec["hold_s"])
+                os.unlink(marker)
+            print(json.dumps({"worker": name, "outcome": "served", "serial": lease.serial,
+                              "token": lease.token}), flush=True)
+    return 0
+
+
+def _hold(url: str, request_json: str, ttl_s: str, heartbeat_s: str) -> int:
+    """Lease one device, print its token, keep it alive with the heartbeat until killed."""
+    from farm.pool import LeaseRequest, Pool
+
+    pool = Pool.open(url)
+    lease = pool.acquire(LeaseRequest(**json.loads(request_json)), ttl_s=float(ttl_s), timeout_s=30,
+                         heartbeat_s=float(heartbeat_s))
+    lease.start_heartbeat()
+    print(json.dumps({"token": lease.token, "serial": lease.serial, "pid": os.getpid()}), flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def main(argv: list[str]) -> int:
+    if argv[0] == "contend":
+        return _contend(*argv[1:])
+    if argv[0] == "hold":
+        return _hold(*argv[1:])
+    raise SystemExit(f"unknown worker mode {argv[0]!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,111 @@
+"""``farm pool`` commands against a real pool (both backends); discovery is replaced by fixed scans."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+from farm.config import AdbServerAddress
+from farm.devices import DeviceInfo, ServerScan
+from farm.pool import Pool
+
+
+@pytest.fixture
+def cli(pool_url, tmp_path, monkeypatch):
+    """Run ``farm pool --url POOL ...`` in a clean environment; returns (exit code, stdout, stderr)."""
+    from farm.cli.main import main
+
+    monkeypatch.delenv("PTEFARM_CONFIG", raising=False)
+    monkeypatch.setenv("PTEFARM_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        result = CliRunner().invoke(main, ["pool", "--url", pool_url, *args])
+        if result.exception and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        return result.exit_code, result.stdout, result.stderr
+
+    return run
+
+
+def _seed(pool_url: str, *serials: str) -> None:
+    with Pool.open(pool_url) as p:
+        p.sync([{"serial": s, "server": "127.0.0.1:15037", "soc": "SM8650", "htp_arch": "v75",
+                 "model": "m", "virtual": True} for s in serials])
+
+
+def test_lease_status_release_history(cli, pool_url):
+    _seed(pool_url, "dev0")
+    code, out, _ = cli("lease", "--soc", "sm8650", "--ttl", "60", "--timeout", "1",
+                        "--purpose", "nightly run", "--format", "env")
+    assert code == 0
+    env = dict(line.split("=", 1) for line in out.splitlines())
+    token = shlex.split(env["PTEFARM_LEASE_TOKEN"])[0]
+    assert env["ANDROID_SERIAL"] == "dev0" and env["ADB_SERVER_SOCKET"] == "tcp:127.0.0.1:15037"
+
+    code, out, _ = cli("status", "--json")
+    assert code == 0
+    device = json.loads(out)["devices"][0]
+    assert device["state"] == "leased" and device["lease"]["token"] == token
+    assert device["lease"]["holder"]["purpose"] == "nightly run"
+    code, out, _ = cli("status")
+    assert code == 0 and "dev0" in out and "nightly run" in out
+
+    code, _, err = cli("lease", "--timeout", "0")
+    assert code == 3 and "LeaseTimeout" in err and "dev0 leased" in err
+
+    assert cli("renew", token, "--ttl", "120")[0] == 0
+    code, out, _ = cli("release", token)
+    assert code == 0 and "dev0: released" in out
+    code, _, err = cli("release", token)
+    assert code == 2 and "was released" in err and "LeaseError" in err
+
+    code, out, _ = cli("lease", "--format", "token", "--timeout", "0")
+    assert code == 0 and len(out.strip()) == 32
+    assert cli("release", out.strip())[0] == 0
+
+    code, out, _ = cli("history", "--serial", "dev0", "--json")
+    kinds = [e["kind"] for e in json.loads(out)]
+    assert kinds == ["added", "leased", "released", "leased", "released"]
+    code, out, _ = cli("history")
+    assert code == 0 and "released" in out and "dev0 leased -> available" in out
+
+
+def test_quarantine_and_restore(cli, pool_url):
+    _seed(pool_url, "dev0")
+    code, out, _ = cli("quarantine", "dev0", "--reason", "battery swelling")
+    assert code == 0
+    code, _, err = cli("lease", "--serial", "dev0", "--timeout", "0")
+    assert code == 3 and "battery swelling" in err
+    assert cli("restore", "dev0") == (0, "dev0: available\n", "")
+    code, _, err = cli("quarantine", "nosuch", "--reason", "x")
+    assert code == 2 and "nosuch" in err
+
+
+def test_sync_uses_configured_servers(cli, pool_url, tmp_path, monkeypatch):
+    import farm.devices as devices_module
+
+    good, bad = AdbServerAddress("127.0.0.1", 15101), AdbServerAddress("127.0.0.1", 15102)
+    config = tmp_path / "farm.toml"
+    config.write_text(f'[[adb_servers]]\nport = {good.port}\n[[adb_servers]]\nport = {bad.port}\n')
+    scans = {
+        good: ServerScan(good, [DeviceInfo(serial="vd-1", server=str(good), soc="SM8650",
+                                           htp_arch="v75", model="Virtual", virtual=True),
+                                DeviceInfo(serial="vd-2", server=str(good), state="unauthorized")]),
+        bad: ServerScan(bad, [], error=f"adb server {bad} unreachable: connection refused"),
+    }
+    monkeypatch.setattr(devices_module, "scan_server", lambda server, **kw: scans[server])
+    _seed_far = {"serial": "old", "server": str(bad), "soc": "SM8550", "htp_arch": "v73"}
+    with Pool.open(pool_url) as p:
+        p.sync([_seed_far])
+    code, out, err = cli("--config", str(config), "sync")
+    assert code == 3 and f"adb server {bad} unreachable" in err  # reported, not hidden
+    assert "added: vd-1, vd-2" in out and "offline: old" in out
+    with Pool.open(pool_url) as p:
+        states = {d.device.serial: (d.device.state, d.device.reason) for d in p.status().devices}
+    assert states["vd-1"] == ("available", "")
+    assert states["vd-2"][0] == "offline" and "unauthorized" in states["vd-2"][1]
+    assert states["old"][0] == "offline"
