@@ -59,7 +59,7 @@ def run_backend(name: str, url: str, args: argparse.Namespace) -> dict[str, floa
         pool.sync([{"serial": f"bench{i:02d}", "server": "127.0.0.1:15037", "soc": "SM8650",
                     "htp_arch": "v75", "virtual": True} for i in range(args.devices)])
     go_at = time.time() + 2.0 + 0.1 * args.procs  # every process imported and connected by then
-    procs = [subprocess.Popen([sys.executable, os.environ.get("BENCH_WORKER_SCRIPT", __file__), "--worker", url, str(go_at), str(args.seconds),
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", url, str(go_at), str(args.seconds),
                                str(args.hold_ms / 1000), str(args.poll_ms / 1000)],
                               stdout=subprocess.PIPE, text=True) for _ in range(args.procs)]
     latencies: list[float] = []
@@ -119,7 +119,8 @@ def main() -> int:
     if len(results) == 2:
         s, p = results["sqlite"], results["postgres"]
         print(f"postgres/sqlite: median latency x{p['median_ms'] / s['median_ms']:.2f}, "
-              f"p99 x{p['p99_ms'] / s['p99_ms']:.2f}, throughput x{p['cycles_per_s'] / s['cycles_per_s']:.2f}")
+              f"p99 x{p['p99_ms'] / s['p99_ms']:.2f}, "
+              f"throughput x{p['cycles_per_s'] / s['cycles_per_s']:.2f}")
     return 0
 
 

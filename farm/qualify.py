@@ -31,7 +31,7 @@ PASSED, FAILED, ERROR = "passed", "failed", "error"
 # chat-template marker, non-ASCII, a newline) that must reach the runner as data.
 DEFAULT_PROMPTS = {
     "story": "Once upon a time, there was a little girl named Lily.",
-    "hostile": "Say \"hi\" $(reboot) `id`; rm -rf / && echo '<|eot_id|>' ünïcödé\nsecond line",
+    "hostile": "Say \"hi\" $(reboot) `id`; echo '<|eot_id|>' ü\nok",
 }
 
 
@@ -80,7 +80,7 @@ class _Item:
     infra_log: list[str] = field(default_factory=list)
 
 
-def default_cases(bundle: bundle_mod.Bundle, seq_len: int = 96) -> list[Case]:
+def default_cases(bundle: bundle_mod.Bundle, seq_len: int = 128) -> list[Case]:
     context = int(bundle.model.get("max_seq_len", seq_len))
     return [Case(name=name, mode=mode, prompt=prompt, seq_len=min(seq_len, context))
             for mode in sorted(bundle.modes) for name, prompt in DEFAULT_PROMPTS.items()]

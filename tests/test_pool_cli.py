@@ -76,8 +76,7 @@ def test_lease_status_release_history(cli, pool_url):
 
 def test_quarantine_and_restore(cli, pool_url):
     _seed(pool_url, "dev0")
-    code, out, _ = cli("quarantine", "dev0", "--reason", "battery swelling")
-    assert code == 0
+    assert cli("quarantine", "dev0", "--reason", "battery swelling")[0] == 0
     code, _, err = cli("lease", "--serial", "dev0", "--timeout", "0")
     assert code == 3 and "battery swelling" in err
     assert cli("restore", "dev0") == (0, "dev0: available\n", "")

@@ -25,7 +25,7 @@ def _wait_for_files(directory: Path, names: list[str], procs: list, deadline_s: 
     while not all((directory / n).exists() for n in names):
         dead = [p for p in procs if p.poll() is not None]
         if dead:
-            out, err = dead[0].communicate()
+            _, err = dead[0].communicate()
             pytest.fail(f"worker exited early ({dead[0].returncode}): {err[-2000:]}")
         if time.monotonic() > end:
             pytest.fail(f"workers not ready after {deadline_s}s")
@@ -126,3 +126,30 @@ def test_killed_holder_loses_device_after_ttl(pool_url):
         tail = [(e.kind, e.token) for e in pool.history(serial="dev0")][-2:]
         assert tail == [("expired", held["token"]), ("leased", lease.token)]
         pool.release(lease.token)
+
+
+def test_killed_waiter_leaves_the_queue(pool_url):
+    """A waiter killed while queued stops polling; it is dropped and never granted a device."""
+    with Pool.open(pool_url, poll_s=0.02, waiter_stale_s=0.5) as pool:
+        pool.sync([fake_device("dev0")])
+        held = pool.acquire(LeaseRequest(), ttl_s=60, timeout_s=0)
+        waiter = start_worker("hold", pool_url, json.dumps({"serial": "dev0"}), "60", "1")
+        try:
+            while not pool.status().queue:
+                assert waiter.poll() is None, waiter.stderr.read()
+                time.sleep(0.01)
+            queue_id = pool.status().queue[0].id
+            os.kill(waiter.pid, signal.SIGKILL)
+            waiter.wait()
+        finally:
+            if waiter.poll() is None:
+                waiter.kill()
+                waiter.wait()
+            waiter.stdout.close()
+            waiter.stderr.close()
+        time.sleep(0.7)  # longer than waiter_stale_s without a poll from it
+        pool.release(held.token)
+        assert [d.device.state for d in pool.status().devices] == [AVAILABLE]
+        assert pool.status().queue == []
+        abandoned = [e for e in pool.history() if e.kind == "abandoned"]
+        assert [e.queue_id for e in abandoned] == [queue_id]

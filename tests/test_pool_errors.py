@@ -54,14 +54,12 @@ def test_sqlite_locked_by_another_process_times_out(tmp_path):
         other.close()
 
 
-@pytest.mark.postgres
 def test_postgres_down_is_a_pool_error():
     port = free_port()  # nothing listens here
     with pytest.raises(PoolError, match=f"cannot connect to PostgreSQL.*{port}"):
         Pool.open(f"postgresql://postgres@127.0.0.1:{port}/test", connect_timeout_s=2)
 
 
-@pytest.mark.postgres
 def test_postgres_password_is_not_in_messages():
     port = free_port()
     with pytest.raises(PoolError) as err:

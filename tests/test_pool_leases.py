@@ -8,8 +8,16 @@ import time
 import pytest
 
 from farm.errors import LeaseError, LeaseTimeout, UsageError
-from farm.pool import (AVAILABLE, LEASED, OFFLINE, QUARANTINED, Holder, LeaseRequest, Pool,
-                       parse_priority)
+from farm.pool import (
+    AVAILABLE,
+    LEASED,
+    OFFLINE,
+    QUARANTINED,
+    Holder,
+    LeaseRequest,
+    Pool,
+    parse_priority,
+)
 from tests.support.pool import fake_device
 
 
@@ -216,7 +224,7 @@ def test_waiters_served_in_priority_then_arrival_order(pool_url):
                                         ttl_s=60, timeout_s=60)
                     served.append(name)
                     own.release(lease.token)
-            except BaseException as e:  # surfaced below
+            except Exception as e:  # noqa: BLE001 - surfaced below
                 errors.append(e)
 
         threads = []

@@ -53,7 +53,9 @@ def pool(ctx: click.Context, config_path: str | None, url: str | None) -> None:
 @click.pass_context
 def sync(ctx: click.Context) -> None:
     """Discover devices on the configured adb servers into the pool."""
-    from farm.devices import scan_server  # adb only here: the pool library does not need it
+    from farm.devices import (
+        scan_server,  # adb only here: the pool library does not need it
+    )
 
     config = _config(ctx)
     infos: list[Any] = []
@@ -76,12 +78,12 @@ def sync(ctx: click.Context) -> None:
 
 
 def _age(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if abs(seconds) < 120:
-        return f"{seconds}s"
-    if abs(seconds) < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h"
+    whole = round(seconds)
+    if abs(whole) < 120:
+        return f"{whole}s"
+    if abs(whole) < 7200:
+        return f"{whole // 60}m"
+    return f"{whole // 3600}h"
 
 
 def _status_tables(status: PoolStatus) -> list[Table]:
@@ -201,7 +203,7 @@ def restore(ctx: click.Context, serial: str) -> None:
 
 
 def _event_line(e: Event) -> str:
-    at = dt.datetime.fromtimestamp(e.at, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    at = dt.datetime.fromtimestamp(e.at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     change = f" {e.from_state or '-'} -> {e.to_state}" if e.to_state else ""
     subject = e.serial or (f"queue#{e.queue_id}" if e.queue_id is not None else "")
     bits = [f"{at}Z #{e.id} {e.kind:<14} {subject}{change}"]

@@ -28,7 +28,8 @@ from farm.errors import UsageError
               help="reference config to export when no --bundle is given")
 @click.option("--soc", "socs", multiple=True,
               help="SoCs to qualify [default: every SoC in the pool]")
-@click.option("--seq-len", type=int, default=96, show_default=True)
+@click.option("--seq-len", type=int, default=128, show_default=True,
+              help="prompt + generated tokens, capped at the model's context")
 @click.option("--workers", type=int, default=0, help="parallel device workers [default: one per device]")
 @click.option("--priority", default="release", show_default=True,
               help="lease priority: release, nightly, pr, adhoc or a number")

@@ -13,7 +13,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from farm.errors import UsageError
-from farm.pool.model import OFFLINE, QUARANTINED, DeviceInfoLike, DeviceRecord, SyncReport
+from farm.pool.model import (
+    OFFLINE,
+    QUARANTINED,
+    DeviceInfoLike,
+    DeviceRecord,
+    SyncReport,
+)
 from farm.pool.rows import log_event, set_state, settled_state
 from farm.pool.store import Txn
 

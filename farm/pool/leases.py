@@ -24,15 +24,35 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from farm.config import FarmConfig
 from farm.errors import LeaseError, LeaseTimeout, PoolError
 from farm.pool import health
-from farm.pool.model import (AVAILABLE, LEASED, DeviceRecord, DeviceStatus, Event, Holder,
-                             LeaseInfo, LeaseRequest, PoolStatus, QueueEntry, SyncReport)
-from farm.pool.rows import (device_from_row, end_lease, event_from_row, holder_params,
-                            lease_from_row, log_event, queue_from_row, reclaim_expired, set_state)
+from farm.pool.model import (
+    AVAILABLE,
+    LEASED,
+    DeviceRecord,
+    DeviceStatus,
+    Event,
+    Holder,
+    LeaseInfo,
+    LeaseRequest,
+    PoolStatus,
+    QueueEntry,
+    SyncReport,
+)
+from farm.pool.rows import (
+    device_from_row,
+    end_lease,
+    event_from_row,
+    holder_params,
+    lease_from_row,
+    log_event,
+    queue_from_row,
+    reclaim_expired,
+    set_state,
+)
 from farm.pool.store import Store, Txn, open_store
 
 DEFAULT_POLL_S = 0.05
@@ -123,7 +143,7 @@ class Pool:
     def close(self) -> None:
         self.store.close()
 
-    def __enter__(self) -> Pool:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -438,7 +458,7 @@ class Lease:
             except PoolError:
                 continue  # the database may come back before the lease expires; try next beat
 
-    def __enter__(self) -> Lease:
+    def __enter__(self) -> Self:
         self.start_heartbeat()
         return self
 

@@ -6,8 +6,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from farm.pool.model import (AVAILABLE, LEASED, OFFLINE, DeviceRecord, Event, Holder,
-                             LeaseInfo, LeaseRequest, QueueEntry)
+from farm.pool.model import (
+    AVAILABLE,
+    LEASED,
+    OFFLINE,
+    DeviceRecord,
+    Event,
+    Holder,
+    LeaseInfo,
+    LeaseRequest,
+    QueueEntry,
+)
 from farm.pool.store import Txn
 
 

@@ -204,7 +204,31 @@ def _hold(url: str, request_json: str, ttl_s: str, heartbeat_s: str) -> int:
         time.sleep(3600)
 
 
+def _use(url: str, name: str, spec_json: str) -> int:
+    """Lease ``cycles`` times and run a shell command on each leased device through the adb server
+    the pool names for it: proof that a lease leads to a usable device on whichever host has it."""
+    from farm.config import AdbServerAddress
+    from farm.devices import Device, client_for
+    from farm.pool import Holder, LeaseRequest, Pool
+
+    spec = json.loads(spec_json)
+    with Pool.open(url, poll_s=0.02) as pool:
+        for i in range(spec["cycles"]):
+            with pool.acquire(LeaseRequest(**spec["request"]), Holder.current(f"{name}#{i}"),
+                              ttl_s=30, timeout_s=60) as lease:
+                host, _, port = lease.server.rpartition(":")
+                server = AdbServerAddress(host, int(port))
+                soc = Device(client_for(server), lease.serial, server).shell(
+                    "getprop ro.soc.model", timeout=20, check=True).out.strip()
+                time.sleep(spec["hold_s"])
+            print(json.dumps({"worker": name, "serial": lease.serial, "server": lease.server,
+                              "soc": soc, "token": lease.token}), flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "use":
+        return _use(*argv[1:])
     if argv[0] == "contend":
         return _contend(*argv[1:])
     if argv[0] == "hold":
