@@ -13,6 +13,7 @@ set -euo pipefail
 HOST=127.0.0.1
 PORT=5432
 DB=test
+ETC=${PTEFARM_PG_ETC:-/etc/postgresql}  # Debian's cluster configs (overridable for the script's test)
 
 say() { echo "start-postgres: $*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -47,16 +48,26 @@ install_postgres() {
     sudo_if_needed apt-get install -y -q postgresql >/dev/null || die "apt-get install postgresql failed"
     # A throwaway CI server: the postgres role may connect over loopback without a password.
     local hba
-    hba=$(ls -d /etc/postgresql/*/main | head -n1)/pg_hba.conf
+    hba=$(ls -d "$ETC"/*/main | head -n1)/pg_hba.conf
     [[ -f "$hba" ]] || die "no cluster config after install (expected $hba)"
     sudo_if_needed sh -c "printf 'local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n' > '$hba'"
 }
 
 start_cluster() {
-    [[ -d /etc/postgresql ]] && [[ -n "$(ls /etc/postgresql 2>/dev/null)" ]] || install_postgres
+    local installed_now=0
+    if [[ ! -d "$ETC" ]] || [[ -z "$(ls "$ETC" 2>/dev/null)" ]]; then
+        install_postgres
+        installed_now=1
+    fi
     local version
-    version=$(ls /etc/postgresql | sort -V | tail -n1)
+    version=$(ls "$ETC" | sort -V | tail -n1)
     command -v pg_ctlcluster >/dev/null || die "pg_ctlcluster missing (package postgresql-common)"
+    if [[ $installed_now == 1 ]] && answers; then
+        # The package's post-install started the cluster: load the pg_hba.conf written above.
+        sudo_if_needed pg_ctlcluster --skip-systemctl-redirect "$version" main reload \
+            || die "pg_ctlcluster $version main reload failed"
+        return 0
+    fi
     say "starting cluster $version/main"
     sudo_if_needed pg_ctlcluster --skip-systemctl-redirect "$version" main start \
         || die "pg_ctlcluster $version main start failed; see /var/log/postgresql/postgresql-$version-main.log"

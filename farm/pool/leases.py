@@ -53,9 +53,12 @@ from farm.pool.rows import (
     reclaim_expired,
     set_state,
 )
-from farm.pool.store import Store, Txn, open_store
+from farm.pool.store import Listener, Store, Txn, open_store
 
 DEFAULT_POLL_S = 0.05
+# With grants pushed (PostgreSQL NOTIFY), a waiter polls only to notice expired leases and lost
+# notifications; a killed holder's device is then reclaimed within this much after its TTL.
+PUSHED_POLL_S = 1.0
 MAX_DESCRIBED_DEVICES = 12
 
 
@@ -95,6 +98,8 @@ def dispatch(txn: Txn) -> dict[int, str]:
             if entry.id not in granted and entry.request.matches(device):
                 granted[entry.id] = _grant(txn, device, entry)
                 break
+    if granted:
+        txn.notify(",".join(str(queue_id) for queue_id in granted))
     return granted
 
 
@@ -183,15 +188,25 @@ class Pool:
         deadline = time.monotonic() + max(0.0, timeout)
         queue_id: int | None = None
         last_write = 0.0
+        listener: Listener | None = None
         try:
             while True:
                 give_up = time.monotonic() >= deadline
                 if (queue_id is not None and not give_up
-                        and time.monotonic() - last_write < self.waiter_stale_s / 4
-                        and not self._worth_a_write(queue_id)):
-                    # Nothing for us yet: wait without taking the pool's write lock.
-                    self._sleep(deadline)
-                    continue
+                        and time.monotonic() - last_write < self.waiter_stale_s / 4):
+                    poll = self._poll(queue_id)
+                    if poll == "granted":
+                        # Dispatch committed our lease already: reading it needs no write lock.
+                        with self.store.read() as txn:
+                            row = txn.one("SELECT * FROM leases WHERE queue_id = ?", (queue_id,))
+                            if row is not None and row["ended"] is None:
+                                outcome = self._outcome_granted(txn, row)
+                                queue_id = None
+                                return Lease(self, outcome.lease, outcome.device, ttl, heartbeat_s)
+                    elif poll == "waiting":
+                        # Nothing for us yet: wait without taking the pool's write lock.
+                        self._wait(listener, queue_id, deadline)
+                        continue
                 with self._write() as txn:
                     outcome = self._attempt(txn, request, holder, ttl, queue_id, give_up, timeout)
                 last_write = time.monotonic()
@@ -202,25 +217,43 @@ class Pool:
                 if outcome.timeout_message is not None:
                     queue_id = None
                     raise LeaseTimeout(outcome.timeout_message, serial=request.serial)
-                self._sleep(deadline)
+                if listener is None:
+                    # Listen before the next poll, so that no grant falls between the two.
+                    listener = self.store.listener()
+                # Poll again at once: the write above may have come back empty-handed just as
+                # another process's dispatch granted us a device.
         except BaseException:
             if queue_id is not None:
                 self._leave_queue(queue_id, holder)
             raise
+        finally:
+            if listener is not None:
+                listener.close()
 
-    def _sleep(self, deadline: float) -> None:
-        # Jitter, so that waiters woken together do not poll in lock-step.
-        time.sleep(min(self.poll_s * random.uniform(0.5, 1.5), max(0.0, deadline - time.monotonic())))
+    def _wait(self, listener: Listener | None, queue_id: int, deadline: float) -> None:
+        """Until our grant is announced, or the next poll is due (jittered, so that waiters do not
+        poll in lock-step), or the deadline."""
+        interval = max(self.poll_s, PUSHED_POLL_S) if listener and listener.pushes else self.poll_s
+        until = min(deadline, time.monotonic() + interval * random.uniform(0.5, 1.5))
+        if listener is None:
+            time.sleep(max(0.0, until - time.monotonic()))
+            return
+        while (left := until - time.monotonic()) > 0:
+            if queue_id in listener.wait(left):
+                return
 
-    def _worth_a_write(self, queue_id: int) -> bool:
-        """One cheap read: were we granted a device, dropped from the queue, or is there an expired
-        lease to reclaim? Otherwise a write transaction could not change anything for us."""
+    def _poll(self, queue_id: int) -> str:
+        """One cheap read: "granted" (dispatch gave us a lease), "waiting" (nothing a write could
+        change for us), or "write" (we were dropped from the queue, or an expired lease awaits
+        reclaiming)."""
         row = self.store.query_one(
             "SELECT (SELECT count(*) FROM leases WHERE queue_id = ?) AS granted, "
             "(SELECT count(*) FROM queue WHERE id = ?) AS queued, "
             "(SELECT count(*) FROM leases WHERE ended IS NULL AND expires < {now}) AS expired",
             (queue_id, queue_id))
-        return bool(row["granted"]) or not row["queued"] or bool(row["expired"])
+        if row["granted"]:
+            return "granted"
+        return "write" if not row["queued"] or row["expired"] else "waiting"
 
     def _attempt(self, txn: Txn, request: LeaseRequest, holder: Holder, ttl: float,
                  queue_id: int | None, give_up: bool, timeout: float) -> _Outcome:

@@ -13,17 +13,19 @@ The schema comes from the URL's search_path, e.g.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from farm.errors import PoolError, UsageError
 from farm.pool.schema import SCHEMA_VERSION, apply_migrations, current_version
-from farm.pool.store import Store, Txn, redact_url
+from farm.pool.store import Listener, Store, Txn, redact_url
 
 
 class PostgresStore(Store):
@@ -39,6 +41,7 @@ class PostgresStore(Store):
         self._connect_timeout_s = connect_timeout_s
         self._lock_timeout_s = lock_timeout_s
         self._conn: psycopg.Connection | None = None
+        self._channel: str | None = None  # NOTIFY channel of this pool's schema, set by migrate()
 
     def _connect(self) -> psycopg.Connection:
         if self._conn is not None and not self._conn.closed and not self._conn.broken:
@@ -76,7 +79,7 @@ class PostgresStore(Store):
                     cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now")
                 now = cur.fetchone()["now"]
-                yield Txn(cur, now, placeholder="%s")
+                yield Txn(cur, now, placeholder="%s", notify_channel=self._channel)
         except psycopg.errors.LockNotAvailable as e:
             raise PoolError(f"pool {self.display_url}: pool lock not granted within "
                             f"{self._lock_timeout_s:g}s") from e
@@ -98,7 +101,9 @@ class PostgresStore(Store):
                     path = conn.execute("SHOW search_path").fetchone()["search_path"]
                     raise PoolError(f"pool {self.display_url}: no schema of search_path "
                                     f"({path}) exists; create it first")
-                if current_version(Txn(conn.cursor(), 0.0, placeholder="%s"), self.dialect) == SCHEMA_VERSION:
+                self._channel = f"ptefarm_pool_{schema}"[:63]
+                if current_version(Txn(conn.cursor(), 0.0, placeholder="%s"),
+                                   self.dialect) == SCHEMA_VERSION:
                     return  # the common case needs no lock
                 # Two processes creating the schema at once: serialize them on a per-schema key.
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
@@ -110,10 +115,43 @@ class PostgresStore(Store):
             raise PoolError(f"pool {self.display_url}: cannot create the pool schema: "
                             f"{_one_line(e)}") from e
 
+    def listener(self) -> Listener:
+        if self._channel is None:
+            return Listener()
+        try:
+            return _PgListener(self.url, self._channel, self._connect_timeout_s)
+        except psycopg.Error:
+            return Listener()  # polling still works; only slower to notice a grant
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+class _PgListener(Listener):
+    """LISTEN on the pool's channel on a connection of its own; ``dispatch`` NOTIFYs the queue ids it
+    granted, so a waiter wakes at once instead of at its next poll, and other waiters go back to
+    sleep without a query."""
+
+    pushes = True
+
+    def __init__(self, url: str, channel: str, connect_timeout_s: float):
+        self._conn = psycopg.connect(url, autocommit=True,
+                                     connect_timeout=max(1, math.ceil(connect_timeout_s)))
+        self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+    def wait(self, timeout: float) -> set[int]:
+        granted: set[int] = set()
+        try:
+            for note in self._conn.notifies(timeout=timeout, stop_after=1):
+                granted |= {int(x) for x in note.payload.split(",") if x}
+        except psycopg.Error:
+            time.sleep(timeout)  # the poll that follows reports a dead server properly
+        return granted
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 def _one_line(e: Exception) -> str:

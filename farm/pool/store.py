@@ -18,6 +18,7 @@ the host clock on SQLite, where all processes share one host and one clock by co
 from __future__ import annotations
 
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,10 +31,12 @@ from farm.errors import UsageError
 class Txn:
     """A transaction: run SQL, get rows as dicts. ``now`` is the pool clock at the transaction start."""
 
-    def __init__(self, cursor: Any, now: float, placeholder: str = "?"):
+    def __init__(self, cursor: Any, now: float, placeholder: str = "?",
+                 notify_channel: str | None = None):
         self._cur = cursor
         self.now = now
         self._placeholder = placeholder
+        self._notify_channel = notify_channel
         # Set when a device became available in this transaction: the pool then hands it out.
         self.freed = False
 
@@ -52,11 +55,31 @@ class Txn:
         rows = self.all(sql, params)
         return rows[0] if rows else None
 
+    def notify(self, payload: str) -> None:
+        """Wake waiters (PostgreSQL NOTIFY, delivered at commit); without a channel, waiters poll."""
+        if self._notify_channel is not None:
+            self.run("SELECT pg_notify(?, ?)", (self._notify_channel, payload))
+
     def insert(self, sql: str, params: tuple | list = ()) -> int:
         """Run an ``INSERT ... RETURNING id`` and return the id."""
         row = self.one(sql, params)
         assert row is not None
         return int(row["id"])
+
+
+class Listener:
+    """Waits for grant notifications. This one only sleeps: waiters poll (SQLite)."""
+
+    pushes = False  # True when grants are announced, so that polls are only a fallback
+
+    def wait(self, timeout: float) -> set[int]:
+        """Block up to ``timeout``; return the queue ids that were granted a lease meanwhile, as far
+        as this listener knows (empty: poll to find out)."""
+        time.sleep(timeout)
+        return set()
+
+    def close(self) -> None:
+        pass
 
 
 class Store(ABC):
@@ -92,6 +115,10 @@ class Store(ABC):
 
     @abstractmethod
     def _query_one(self, sql: str, params: tuple) -> dict[str, Any]: ...
+
+    def listener(self) -> Listener:
+        """Something a waiter blocks on between polls; opened when a request has to wait."""
+        return Listener()
 
     @abstractmethod
     def _transaction(self, *, write: bool) -> Any:
