@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -54,11 +56,18 @@ def default_cache_dir() -> Path:
     return farm_home() / "exports"
 
 
+def bundle_dir(config_name: str, out_dir: str | os.PathLike | None = None) -> Path:
+    """Where the bundle of this config lives in the cache (whether or not it was exported yet)."""
+    cfg = resolve_config(config_name)
+    root = Path(out_dir) if out_dir else default_cache_dir()
+    return root / f"reference-{cfg.name}-{cache_key(cfg)}"
+
+
 def export_bundle(config_name: str = "tiny", out_dir: str | os.PathLike | None = None) -> Path:
     """Export (or find in the cache) the reference bundle; returns the manifest's path."""
     cfg = resolve_config(config_name)
-    root = Path(out_dir) if out_dir else default_cache_dir()
-    final = root / f"reference-{cfg.name}-{cache_key(cfg)}"
+    final = bundle_dir(config_name, out_dir)
+    root = final.parent
     manifest = final / MANIFEST
     if manifest.is_file():
         return manifest
@@ -81,6 +90,15 @@ def export_bundle(config_name: str = "tiny", out_dir: str | os.PathLike | None =
 
 
 def _export_into(cfg: LlamaConfig, out: Path) -> None:
+    # The exporter's dependencies are loud about things that do not concern a CPU export (torchao's
+    # CUDA kernels, deprecations inside torch.export): keep the user's terminal for our messages.
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _export_quietly(cfg, out)
+
+
+def _export_quietly(cfg: LlamaConfig, out: Path) -> None:
     import torch
 
     ranks = train_ranks()

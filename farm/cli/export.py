@@ -18,7 +18,9 @@ def export(config_name: str, out_dir: str | None) -> None:
     Cached by content: exporting the same config again is instant. The last line printed is the
     manifest's path, for scripts: MANIFEST=$(farm export | tail -n1).
     """
-    from farm.export import export_bundle
+    from farm.export import MANIFEST, bundle_dir, export_bundle
 
+    if not (bundle_dir(config_name, out_dir) / MANIFEST).is_file():
+        click.echo(f"exporting the {config_name} reference bundle (cached afterwards) ...", err=True)
     manifest = export_bundle(config_name, out_dir)
     click.echo(str(manifest))
