@@ -87,3 +87,12 @@ def test_manifest_rejects_traversal_names(tmp_path, tiny_bundle):
 
     with pytest.raises(UsageError, match=r"files\[0\].*escapes the workspace"):
         bundle_mod.load(bad)
+
+
+def test_export_to_an_unusable_directory_names_it(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = CliRunner().invoke(farm_main, ["export", "--out", str(blocker / "bundles")])
+    assert result.exit_code == 2
+    assert "--out" in result.output and str(blocker) in result.output
+    assert "Traceback" not in result.output
