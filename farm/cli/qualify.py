@@ -101,11 +101,11 @@ def qualify(virtual_socs, manifest, model_config, socs, seq_len, workers, priori
         written = write_reports(results, out, meta)
 
     table = Table(title=f"qualification of {bundle.name}")
-    for col in ("SoC", "device", "case", "outcome", "SM tok/s", "SP tok/s"):
-        table.add_column(col)
+    for col in ("SoC", "device", "mode", "prompt", "outcome", "SM tok/s", "SP tok/s"):
+        table.add_column(col, no_wrap=True)
     for r in results:
         sm, sp = r.tok_s.get("SmartMask"), r.tok_s.get("ShiftPointer")
-        table.add_row(r.soc, r.serial or "-", escape(r.case.id), r.outcome,
+        table.add_row(r.soc, r.serial or "-", r.case.mode, escape(r.case.name), r.outcome,
                       f"{sm:.1f}" if sm else "-", f"{sp:.1f}" if sp else "-")
     Console().print(table)
     click.echo(f"reports: {written}")
