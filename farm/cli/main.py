@@ -30,6 +30,7 @@ def main() -> None:
 def _register() -> None:
     # Each sub-command family lives in its own module; imports stay inside the commands that need
     # torch or adb, so that `farm --help` is instant.
+    from farm.cli import bundle as bundle_cli
     from farm.cli import devices as devices_cli
     from farm.cli import export as export_cli
     from farm.cli import pool as pool_cli
@@ -37,6 +38,7 @@ def _register() -> None:
     from farm.cli import virtual as virtual_cli
 
     main.add_command(export_cli.export)
+    main.add_command(bundle_cli.bundle)
     main.add_command(virtual_cli.virtual)
     for command in devices_cli.COMMANDS:  # devices, deploy, run
         main.add_command(command)
