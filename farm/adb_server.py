@@ -22,9 +22,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import adbutils
+from adbutils import AdbConnection
 
 from farm.config import DEFAULT_ADB_PORT, farm_home
 from farm.errors import AdbError
+
+
+class _NoSpawnConnection(AdbConnection):
+    """An adb server connection that fails instead of running ``adb start-server``.
+
+    adbutils starts a server on the *default* port when it cannot connect; for a farm that addresses
+    its own servers (possibly on other hosts) that would leak a stray server and hide the real error.
+    """
+
+    def _safe_connect(self):
+        return self._create_socket()
+
+
+class FarmAdbClient(adbutils.AdbClient):
+    """adbutils' client for one adb server, without the implicit server start."""
+
+    def __init__(self, host: str, port: int, socket_timeout: float | None = None):
+        super().__init__(host=host, port=port, socket_timeout=socket_timeout)
+        self._socket_timeout = socket_timeout
+
+    def make_connection(self, timeout: float | None = None) -> AdbConnection:
+        conn = _NoSpawnConnection(self.host, self.port)
+        timeout = timeout or self._socket_timeout
+        if timeout:
+            conn.conn.settimeout(timeout)
+        return conn
+
 
 PID_FILE = "server.pid"
 LOG_FILE = "server.log"
@@ -150,8 +178,8 @@ class AdbServer:
         self.started_here = False
 
     # --- clients -----------------------------------------------------------------------------
-    def client(self, socket_timeout: float | None = None) -> adbutils.AdbClient:
-        return adbutils.AdbClient(host=self.host, port=self.port, socket_timeout=socket_timeout)
+    def client(self, socket_timeout: float | None = None) -> FarmAdbClient:
+        return FarmAdbClient(host=self.host, port=self.port, socket_timeout=socket_timeout)
 
     def connect(self, addr: str, timeout: float = 10.0) -> str:
         """``adb connect addr``; raises AdbError unless the server reports it connected."""

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 import adbutils
 from adbutils import AdbConnection
 
+from farm.adb_server import FarmAdbClient
 from farm.config import DEFAULT_WORKSPACE, AdbServerAddress
 from farm.errors import AdbError, DeviceGone, DeviceTimeout, FarmError, UsageError
 from farm.soc import htp_arch, soc_from_props
@@ -43,27 +44,6 @@ PROPS = (
     "ro.build.version.release", "ro.build.version.sdk", "ro.product.cpu.abi",
     "ro.ptefarm.virtual", "ro.ptefarm.workspace",
 )
-
-
-class _NoSpawnConnection(AdbConnection):
-    """An adb server connection that fails instead of running ``adb start-server``.
-
-    adbutils starts a server on the *default* port when it cannot connect; for a farm that addresses
-    its own servers (possibly on other hosts) that would leak a stray server and hide the real error.
-    """
-
-    def _safe_connect(self):
-        return self._create_socket()
-
-
-class FarmAdbClient(adbutils.AdbClient):
-    """adbutils' client for one adb server, without the implicit server start."""
-
-    def make_connection(self, timeout: float | None = None) -> AdbConnection:
-        conn = _NoSpawnConnection(self.host, self.port)
-        if timeout:
-            conn.conn.settimeout(timeout)
-        return conn
 
 
 def client_for(server: AdbServerAddress) -> FarmAdbClient:

@@ -144,7 +144,9 @@ def _metadata_methods(cfg: LlamaConfig) -> dict[str, int]:
 
 def _lower(methods: dict, metadata: dict[str, int], path: Path) -> None:
     import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+        XnnpackPartitioner,
+    )
     from executorch.exir import to_edge_transform_and_lower
 
     programs = {name: torch.export.export(m, m.example_inputs(), strict=False)

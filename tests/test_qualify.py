@@ -12,10 +12,17 @@ from click.testing import CliRunner
 from farm.cli.main import main as farm_main
 from farm.devices import discover
 from farm.pool import LeaseRequest, Pool
-from farm.qualify import ERROR, FAILED, PASSED, Case, CaseResult, Qualification, QualifyPlan
+from farm.qualify import (
+    ERROR,
+    FAILED,
+    PASSED,
+    Case,
+    CaseResult,
+    Qualification,
+    QualifyPlan,
+)
 from farm.report import write_reports
 from farm.virtual import VirtualDeviceSpec
-
 from tests.device_helpers import make_qnn_bundle
 
 STORY = Case(name="story", mode="kv", prompt="Once upon a time", seq_len=40)

@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from farm.runner import main as runner_main
-
 from tests.runner_helpers import paths
 
 

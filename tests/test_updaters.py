@@ -10,7 +10,6 @@ import torch
 
 from farm.model.llama import eager_generate
 from farm.runner.io_manager import ShiftPointerIoMgr, SmartMaskIoMgr
-
 from tests.runner_helpers import greedy, make_runner, prompt_of_length
 
 PREFILL = 16  # tiny's prefill ar_len

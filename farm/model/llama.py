@@ -15,6 +15,7 @@ RMSNorm, RoPE at absolute positions, grouped-query attention (n_kv_heads < n_hea
 from __future__ import annotations
 
 import math
+
 import torch
 from torch import nn
 
