@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import socket
+import time
 
 import pytest
 
@@ -166,3 +167,31 @@ def test_device_probe_parsers():
     assert parse_battery(sections["battery"]) == (85, 31.2)
     assert parse_thermal(sections["thermal"]) == {"cpu-0": 45.0, "cpu-0#1": 47.5, "thermal_zone2": 38.0}
     assert parse_df("") is None and parse_battery("") == (None, None)
+
+
+def test_adb_server_killed_mid_command_is_an_infra_error(tmp_path):
+    """The adb server dies while a command runs: an InfraError (never a bare adbutils exception), and
+    later calls say the server does not answer instead of silently starting another one."""
+    import threading
+
+    with VirtualFarm(home=tmp_path / "farm") as vf:
+        (record,) = vf.up([VirtualDeviceSpec(soc="SM8650")])
+        device = find_device([vf.adb_server], record.serial)
+        errors: list[BaseException] = []
+
+        def long_command():
+            try:
+                device.shell("sleep 20", timeout=60)
+            except BaseException as e:  # noqa: BLE001 - the test inspects whatever was raised
+                errors.append(e)
+
+        worker = threading.Thread(target=long_command)
+        worker.start()
+        time.sleep(1.0)
+        vf.server.stop()
+        worker.join(timeout=30)
+        assert not worker.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], InfraError), errors
+        with pytest.raises(AdbError, match=str(vf.adb_server.port)):
+            discover([vf.adb_server])
+        assert not vf.server.is_running()  # nothing restarted it behind our back
