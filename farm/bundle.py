@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import UsageError
+from farm.fileio import write_atomic
 
 FORMAT = "ptefarm-bundle/1"
 DIALECTS = ("host", "qnn-v1.0", "qnn-shared-buffer")
@@ -95,9 +96,7 @@ class Bundle:
     def write(self, path: Path) -> None:
         """Write the manifest atomically (a reader never sees half a manifest)."""
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(path.parent), indent=2) + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(self.to_json(path.parent), indent=2) + "\n")
         self.manifest_path = path
 
 

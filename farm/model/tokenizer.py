@@ -16,6 +16,7 @@ from pathlib import Path
 import regex
 
 from farm.errors import UsageError
+from farm.fileio import write_atomic
 
 # The split pattern of Llama 3 / cl100k (pytorch_tokenizers' default for tiktoken files).
 PAT_STR = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -67,9 +68,7 @@ def train_ranks(text: str = CORPUS, n_merges: int = N_MERGES) -> dict[bytes, int
 def write_tiktoken_model(path: Path, ranks: dict[bytes, int]) -> None:
     lines = [f"{base64.b64encode(tok).decode()} {rank}\n" for tok, rank in
              sorted(ranks.items(), key=lambda kv: kv[1])]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(lines))
-    os.replace(tmp, path)
+    write_atomic(path, "".join(lines))
 
 
 def load_tokenizer(path: str | os.PathLike):

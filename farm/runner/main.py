@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from pathlib import Path
 
 from farm.errors import UsageError
+from farm.fileio import write_atomic
 
 PROG = "farm-llama-runner"
 
@@ -54,13 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _write_atomic(path: str, data: bytes, flag: str) -> None:
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp")
     try:
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
+        write_atomic(path, data)
     except OSError as e:
-        raise UsageError(f"--{flag}: cannot write {target}: {e.strerror}") from None
+        raise UsageError(f"--{flag}: cannot write {path}: {e.strerror}") from None
 
 
 def run(argv: list[str]) -> int:

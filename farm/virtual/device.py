@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from farm.errors import UsageError
+from farm.fileio import write_atomic
 from farm.virtual.faults import NO_FAULTS, Faults, read_faults
 from farm.virtual.identity import DeviceIdentity, load_identity
 from farm.virtual.protocol import (
@@ -183,9 +184,7 @@ class VirtualDevice:
 
 
 def _write_run_file(root: Path, port: int) -> None:
-    tmp = root / f".{RUN_FILE}.tmp"
-    tmp.write_text(json.dumps({"pid": os.getpid(), "port": port}))
-    os.replace(tmp, root / RUN_FILE)
+    write_atomic(root / RUN_FILE, json.dumps({"pid": os.getpid(), "port": port}))
 
 
 def _watch_parent(pid: int, device: VirtualDevice) -> None:

@@ -7,13 +7,12 @@ file on every stream open and sync request, so a test flips a fault without rest
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from farm.errors import UsageError
+from farm.fileio import write_atomic
 
 FAULTS_FILE = "faults.json"
 
@@ -72,7 +71,4 @@ def write_faults(root: Path, faults: Faults) -> None:
         (root / FAULTS_FILE).unlink(missing_ok=True)
         return
     data = {k: v for k, v in asdict(faults).items() if v is not None}
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=".faults-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, root / FAULTS_FILE)
+    write_atomic(root / FAULTS_FILE, json.dumps(data))

@@ -8,7 +8,6 @@ which the device announces as a host path in ``ro.ptefarm.workspace`` since its 
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shlex
 import stat
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm.errors import UsageError
+from farm.fileio import write_atomic
 
 SPEC_FILE = "spec.json"
 WORKSPACE_REL = "data/local/tmp/ptefarm"
@@ -106,14 +106,14 @@ def create_device_root(root: Path, identity: DeviceIdentity) -> None:
     """Lay out a device root: spec, tools and workspace. Idempotent."""
     (root / WORKSPACE_REL).mkdir(parents=True, exist_ok=True)
     (root / "bin").mkdir(exist_ok=True)
-    _write_atomic(root / SPEC_FILE, json.dumps({
+    write_atomic(root / SPEC_FILE, json.dumps({
         "props": identity.props,
         "free_bytes": identity.free_bytes,
         "battery_level": identity.battery_level,
         "battery_temperature_tenths": identity.battery_temperature_tenths,
     }, indent=1))
     props_file = root / "build.prop"
-    _write_atomic(props_file, "".join(f"{k}={v}\n" for k, v in identity.props.items()))
+    write_atomic(props_file, "".join(f"{k}={v}\n" for k, v in identity.props.items()))
     _write_tool(root / "bin" / "getprop", GETPROP.format(props=shlex.quote(str(props_file))))
     _write_tool(root / "bin" / "dumpsys", DUMPSYS.format(
         level=identity.battery_level, temperature=identity.battery_temperature_tenths))
@@ -131,14 +131,8 @@ def load_identity(root: Path) -> DeviceIdentity:
         raise UsageError(f"{root / SPEC_FILE}: not a virtual device spec: {e}") from None
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _write_tool(path: Path, text: str) -> None:
-    _write_atomic(path, text)
+    write_atomic(path, text)
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 

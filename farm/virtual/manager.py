@@ -23,6 +23,7 @@ import adbutils
 from farm.adb_server import AdbServer
 from farm.config import AdbServerAddress
 from farm.errors import AdbError, InfraError, UsageError
+from farm.fileio import write_atomic
 from farm.virtual.device import PGID_DIR, RUN_FILE
 from farm.virtual.faults import NO_FAULTS, Faults, write_faults
 from farm.virtual.identity import (
@@ -283,9 +284,7 @@ class VirtualFarm:
         self.dir.mkdir(parents=True, exist_ok=True)
         state = {"adb_port": self.server.port, "adb_started": self.adb_started,
                  "devices": [r.to_json() for r in self.devices]}
-        tmp = self.dir / f".{STATE_FILE}.tmp"
-        tmp.write_text(json.dumps(state, indent=1))
-        os.replace(tmp, self.state_path)
+        write_atomic(self.state_path, json.dumps(state, indent=1))
 
 
 def is_device_process(pid: int, root: Path) -> bool:
