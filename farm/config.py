@@ -49,6 +49,14 @@ class AdbServerAddress:
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @classmethod
+    def parse(cls, text: str) -> AdbServerAddress:
+        """``"host:port"`` (as the pool stores a device's server) back to an address."""
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise UsageError(f"adb server {text!r}: expected HOST:PORT")
+        return cls(host, int(port))
+
 
 @dataclass(frozen=True)
 class PoolConfig:

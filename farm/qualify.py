@@ -188,10 +188,7 @@ class Qualification:
                 decode_tok_s={u: r.decode_tok_s for u, r in cmp.results.items()}))
 
     def _server(self, text: str) -> AdbServerAddress:
-        if text in self.servers:
-            return self.servers[text]
-        host, _, port = text.rpartition(":")
-        return AdbServerAddress(host, int(port))
+        return self.servers.get(text) or AdbServerAddress.parse(text)
 
     def _infra_failure(self, serial: str, reason: str) -> None:
         try:

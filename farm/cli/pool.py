@@ -148,7 +148,6 @@ def lease(ctx: click.Context, socs: tuple[str, ...], min_htp: str | None, tags: 
                            priority=priority)
     with _open(ctx) as p:
         got = p.acquire(request, Holder.current(purpose=purpose), ttl_s=ttl, timeout_s=timeout)
-    host, _, port = got.server.rpartition(":")
     if fmt == "token":
         click.echo(got.token)
     elif fmt == "json":
@@ -156,7 +155,7 @@ def lease(ctx: click.Context, socs: tuple[str, ...], min_htp: str | None, tags: 
                                "expires": got.info.expires}))
     else:
         for key, value in (("PTEFARM_LEASE_TOKEN", got.token), ("ANDROID_SERIAL", got.serial),
-                           ("ADB_SERVER_SOCKET", f"tcp:{host}:{port}")):
+                           ("ADB_SERVER_SOCKET", f"tcp:{got.server}")):
             click.echo(f"{key}={shlex.quote(value)}")
 
 
