@@ -13,7 +13,13 @@ import pytest
 
 from farm.errors import LeaseTimeout
 from farm.pool import AVAILABLE, Holder, LeaseRequest, Pool
-from tests.support.pool import check_event_log, fake_device, start_worker
+from tests.support.pool import (
+    check_event_log,
+    collect,
+    fake_device,
+    reaped,
+    start_worker,
+)
 
 PRIORITIES = ["pr", "nightly", "release", "adhoc"]
 REQUESTS = [{"socs": ["SM8650"]}, {}, {"socs": ["SM8550"]}, {"min_htp_arch": "v75"}]
@@ -51,18 +57,13 @@ def test_many_processes_contend_for_few_devices(pool_url, tmp_path):
         specs[f"x{i}"] = {"request": {"socs": ["SM8750"], "priority": "release"}, "timeout_s": 0.2,
                           "cycles": 2, "hold_s": 0}
     procs = {}
-    for name, spec in specs.items():
-        spec.update(ttl_s=10, markers=str(markers), ready=str(ready), go=str(go))
-        procs[name] = start_worker("contend", pool_url, name, json.dumps(spec))
-    try:
+    with reaped(procs):
+        for name, spec in specs.items():
+            spec.update(ttl_s=10, markers=str(markers), ready=str(ready), go=str(go))
+            procs[name] = start_worker("contend", pool_url, name, json.dumps(spec))
         _wait_for_files(ready, list(specs), list(procs.values()), 120)
         go.touch()
-        results = {name: p.communicate(timeout=300) for name, p in procs.items()}
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        results = collect(procs)
 
     served_tokens = set()
     for name, (out, err) in results.items():

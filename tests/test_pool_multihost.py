@@ -12,7 +12,7 @@ import pytest
 
 from farm.pool import AVAILABLE, Pool
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
-from tests.support.pool import check_event_log, start_worker
+from tests.support.pool import check_event_log, collect, reaped, start_worker
 
 pytestmark = pytest.mark.postgres
 
@@ -42,15 +42,11 @@ def test_two_adb_servers_one_postgres_pool(pg_pool_url, tmp_path):
         specs = {"hi": {"request": {"socs": ["SM8650"], "priority": "release"}, "cycles": 6,
                         "hold_s": 0.05},
                  "lo": {"request": {"priority": "pr"}, "cycles": 6, "hold_s": 0.05}}
-        procs = {name: start_worker("use", pg_pool_url, name, json.dumps(spec))
-                 for name, spec in specs.items()}
-        try:
-            results = {name: p.communicate(timeout=300) for name, p in procs.items()}
-        finally:
-            for p in procs.values():
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        procs = {}
+        with reaped(procs):
+            for name, spec in specs.items():
+                procs[name] = start_worker("use", pg_pool_url, name, json.dumps(spec))
+            results = collect(procs)
         uses = []
         for name, (out, err) in results.items():
             assert procs[name].returncode == 0, f"{name}: {err[-3000:]}"

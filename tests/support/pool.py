@@ -12,6 +12,7 @@ Run as a module, this file is the worker the contention tests start many times:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -102,6 +103,23 @@ def start_worker(*args: str, **popen: Any) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen(worker_command(*args), cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **popen)
+
+
+@contextlib.contextmanager
+def reaped(procs: dict[str, subprocess.Popen]) -> Iterator[dict[str, subprocess.Popen]]:
+    """Whatever happens in the block (a failed assertion, a timeout), no worker outlives it."""
+    try:
+        yield procs
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def collect(procs: dict[str, subprocess.Popen], timeout: float = 300) -> dict[str, tuple[str, str]]:
+    """(stdout, stderr) of every worker once it has exited."""
+    return {name: p.communicate(timeout=timeout) for name, p in procs.items()}
 
 
 def check_event_log(events: list[Any], devices: dict[str, Any]) -> dict[str, int]:
