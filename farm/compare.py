@@ -25,15 +25,15 @@ class Comparison:
     seq_len: int
     results: dict[str, RunResult] = field(default_factory=dict)
 
-    def _sequences(self) -> dict[str, list[int] | bytes]:
-        if all(r.generated_ids is not None for r in self.results.values()):
-            return {u: r.generated_ids for u, r in self.results.items()}
-        return {u: r.text_bytes or b"" for u, r in self.results.items()}
-
     @property
     def compared_by(self) -> str:
         return "token ids" if all(r.generated_ids is not None for r in self.results.values()) \
             else "output text"
+
+    def _sequences(self) -> dict[str, list[int] | bytes]:
+        if self.compared_by == "token ids":
+            return {u: r.generated_ids for u, r in self.results.items()}
+        return {u: r.text_bytes or b"" for u, r in self.results.items()}
 
     @property
     def agree(self) -> bool:

@@ -76,7 +76,7 @@ def qualify(virtual_socs, manifest, model_config, socs, seq_len, workers, priori
             pool = stack.enter_context(Pool.from_config(config))
         infos = discover(servers)
         pool.sync(infos, servers)
-        ready = [i for i in infos if i.soc and getattr(i, "state", "device") == "device"]
+        ready = [i for i in infos if i.soc and i.state == "device"]
         wanted = list(dict.fromkeys(s.upper() for s in socs)) or \
             sorted({i.soc for i in ready})
         if not wanted:
