@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -158,7 +157,7 @@ class LlamaRunner:
         return self.shape.max_seq_len - self.prefill_ar
 
     def generate(self, prompts: list[str], system_prompt: str, seq_len: int, temperature: float,
-                 seed: int, on_piece: Callable[[bytes], None] | None = None) -> Generation:
+                 seed: int) -> Generation:
         if seq_len > self.context_len:
             raise UsageError(f"--seq_len: {seq_len} exceeds the model's context length "
                              f"{self.context_len}")
@@ -170,14 +169,10 @@ class LlamaRunner:
         stats = Stats(model_load_start_ms=self.stats.model_load_start_ms,
                       model_load_end_ms=self.stats.model_load_end_ms, inference_start_ms=now_ms())
         self.io.reset()
-        self.io.switch_method(self.prefill_ar)
-        emit = on_piece or (lambda b: None)
         text = bytearray()
 
         def out(token: int) -> None:
-            piece = self.template.piece(token)
-            text.extend(piece)
-            emit(piece)
+            text.extend(self.template.piece(token))
 
         all_prompt: list[int] = []
         generated: list[int] = []
