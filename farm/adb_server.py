@@ -12,20 +12,21 @@ It never touches the user's default server on 5037 nor ~/.android. ``listen_all`
 
 from __future__ import annotations
 
+import logging
 import os
-import signal
 import socket
 import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import adbutils
 from adbutils import AdbConnection
 
+from farm import procs
 from farm.config import DEFAULT_ADB_PORT, farm_home
 from farm.errors import AdbError
+
+log = logging.getLogger(__name__)
 
 
 class _NoSpawnConnection(AdbConnection):
@@ -91,12 +92,8 @@ class AdbServer:
     def is_running(self, timeout: float = 2.0) -> bool:
         """True when an adb server answers ``host:version`` on the port."""
         try:
-            with socket.create_connection((self.host, self.port), timeout=timeout) as s:
-                s.settimeout(timeout)
-                request = b"host:version"
-                s.sendall(b"%04x%s" % (len(request), request))
-                return s.recv(4) == b"OKAY"
-        except OSError:
+            return self.client(socket_timeout=timeout).server_version() > 0
+        except (adbutils.AdbError, OSError, ValueError):
             return False
 
     def env(self) -> dict[str, str]:
@@ -109,6 +106,17 @@ class AdbServer:
         env.setdefault("ADB_LIBUSB", "0")
         return env
 
+    def argv(self) -> list[str]:
+        """The server's command line (under the owner watchdog when ``exit_with_pid`` is set)."""
+        argv = [adb_binary(), *(["-a"] if self.listen_all else []), "-P", str(self.port),
+                "server", "nodaemon"]
+        return argv if self.exit_with_pid is None else procs.tied_argv(self.exit_with_pid, argv)
+
+    def owned(self) -> procs.Owned:
+        """Ownership of a pid: our adb server on this port, or the watchdog around one; a reused pid
+        (or the user's own adb server) is left alone."""
+        return procs.cmdline_has([adb_binary()], ["-P", str(self.port), "server", "nodaemon"])
+
     # --- start / stop ------------------------------------------------------------------------
     def start(self, timeout: float = 20.0) -> bool:
         """Start the server unless one already answers on the port. Returns True if started here."""
@@ -119,60 +127,36 @@ class AdbServer:
         if self._port_taken():
             raise AdbError(f"{self}: port {self.port} is in use by something that is not an adb "
                            f"server; pick another adb_servers port")
-        argv = [adb_binary(), *(["-a"] if self.listen_all else []), "-P", str(self.port),
-                "server", "nodaemon"]
-        if self.exit_with_pid is not None:
-            argv = [sys.executable, "-m", "farm.adb_server", "--exit-with-pid",
-                    str(self.exit_with_pid), "--", *argv]
-        env = self.env()
-        if self.exit_with_pid is not None:
-            repo_root = str(Path(__file__).resolve().parents[1])
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
-        with open(self.home / LOG_FILE, "ab") as log:
-            try:
-                self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                              stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True, cwd=self.home)
-            except OSError as e:
-                raise AdbError(f"{self}: cannot run {argv[0]}: {e}") from None
-        (self.home / PID_FILE).write_text(str(self._proc.pid))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.is_running(timeout=1.0):
-                self.started_here = True
-                return True
-            if self._proc.poll() is not None:
-                break
-            time.sleep(0.05)
+        argv = self.argv()
+        env = self.env() if self.exit_with_pid is None else procs.farm_env(self.env())
+        try:
+            self._proc = procs.spawn(argv, log_path=self.home / LOG_FILE, env=env, cwd=self.home)
+        except OSError as e:
+            raise AdbError(f"{self}: cannot run {argv[0]}: {e}") from None
+        procs.write_pid_file(self.home / PID_FILE, self._proc.pid)
+        if procs.wait_until(lambda: self.is_running(timeout=1.0) or self._proc.poll() is not None,
+                            timeout) and self._proc.poll() is None:
+            self.started_here = True
+            return True
         code = self._proc.poll()
-        self._terminate(self._proc.pid)
+        procs.stop_child(self._proc)
         self._proc = None
         (self.home / PID_FILE).unlink(missing_ok=True)
         why = f"exited with {code}" if code is not None else f"not answering after {timeout:.0f}s"
         raise AdbError(f"{self}: failed to start ({why}); log: {self.home / LOG_FILE}: "
-                       f"{self._log_tail()}")
+                       f"{procs.log_tail(self.home / LOG_FILE)}")
 
     def stop(self, timeout: float = 10.0) -> None:
         """``kill-server``, then make sure the process is gone (also a stale one we started)."""
-        if self.is_running():
-            try:
-                with socket.create_connection((self.host, self.port), timeout=2.0) as s:
-                    s.settimeout(2.0)
-                    s.sendall(b"0009host:kill")
-                    s.recv(4)
-            except OSError:
-                pass
+        try:
+            self.client(socket_timeout=2.0).server_kill()
+        except (adbutils.AdbError, OSError) as e:
+            log.warning("%s: kill-server failed (%s); ending its process instead", self, e)
         pid = self._pid()
-        if pid is not None:
-            self._wait_gone(pid, timeout)
-            if self._is_ours(pid):
-                self._terminate(pid)
+        if pid is not None and not procs.wait_gone(pid, self.owned(), timeout, self._proc):
+            procs.terminate(pid, self.owned(), proc=self._proc)
         if self._proc is not None:
-            try:
-                self._proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=5)
+            procs.stop_child(self._proc)  # reaps it; a no-op when it exited
             self._proc = None
         (self.home / PID_FILE).unlink(missing_ok=True)
         self.started_here = False
@@ -194,12 +178,10 @@ class AdbServer:
     def disconnect(self, addr: str) -> None:
         """``adb disconnect addr``; a device the server does not know is not an error."""
         try:
-            with self.client().make_connection(timeout=5.0) as c:
-                c.send_command("host:disconnect:" + addr)
-                c.check_okay()
-                c.read_string_block()
-        except (adbutils.AdbError, OSError):
-            pass
+            self.client(socket_timeout=5.0).disconnect(addr, raise_error=True)
+        except (adbutils.AdbError, OSError) as e:
+            if "no such device" not in str(e):
+                log.warning("%s: disconnect %s failed: %s", self, addr, e)
 
     def devices(self) -> dict[str, str]:
         """serial -> state (device, offline, unauthorized, ...) as the server lists them."""
@@ -209,16 +191,15 @@ class AdbServer:
             raise AdbError(f"{self}: cannot list devices: {e}") from None
 
     def wait_for_state(self, serial: str, state: str = "device", timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        current = None
-        while True:
-            current = self.devices().get(serial)
-            if current == state:
-                return
-            if time.monotonic() >= deadline:
-                raise AdbError(f"{self}: device {serial} is {current or 'absent'}, not {state}, "
-                               f"after {timeout:.0f}s", serial=serial)
-            time.sleep(0.1)
+        seen: dict[str, str | None] = {}
+
+        def reached() -> bool:
+            seen["now"] = self.devices().get(serial)
+            return seen["now"] == state
+
+        if not procs.wait_until(reached, timeout, interval=0.1):
+            raise AdbError(f"{self}: device {serial} is {seen['now'] or 'absent'}, not {state}, "
+                           f"after {timeout:.0f}s", serial=serial)
 
     # --- helpers -----------------------------------------------------------------------------
     def _port_taken(self) -> bool:
@@ -231,87 +212,10 @@ class AdbServer:
     def _pid(self) -> int | None:
         if self._proc is not None:
             return self._proc.pid
-        try:
-            return int((self.home / PID_FILE).read_text().strip())
-        except (OSError, ValueError):
-            return None
+        return procs.read_pid_file(self.home / PID_FILE)
 
     def _kill_stale(self) -> None:
         """A server we started earlier that no longer answers (hung, or half dead): end it."""
-        pid = self._pid()
-        if pid is not None and self._is_ours(pid):
-            self._terminate(pid)
+        procs.terminate(self._pid(), self.owned(), proc=self._proc)
+        self._proc = None
         (self.home / PID_FILE).unlink(missing_ok=True)
-
-    @staticmethod
-    def _is_ours(pid: int) -> bool:
-        """An adb server process, or our watchdog around one (a reused pid is left alone)."""
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return False
-        return os.path.basename(cmdline[0]) == b"adb" or b"farm.adb_server" in cmdline
-
-    @staticmethod
-    def _wait_gone(pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not AdbServer._is_ours(pid):
-                return True
-            time.sleep(0.05)
-        return False
-
-    def _terminate(self, pid: int) -> None:
-        for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                return
-            if self._proc is not None and self._proc.pid == pid:
-                try:
-                    self._proc.wait(timeout=wait)
-                    return
-                except subprocess.TimeoutExpired:
-                    continue
-            if self._wait_gone(pid, wait):
-                return
-
-    def _log_tail(self, lines: int = 5) -> str:
-        try:
-            text = (self.home / LOG_FILE).read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return "(no log)"
-        return " | ".join(text[-lines:]) or "(empty log)"
-
-
-def _watchdog(argv: list[str] | None = None) -> int:
-    """``python -m farm.adb_server --exit-with-pid PID -- adb ... server nodaemon``: run the server
-    and end it when PID is gone, so a test session killed -9 leaves no adb server behind."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m farm.adb_server")
-    parser.add_argument("--exit-with-pid", type=int, required=True)
-    parser.add_argument("command", nargs="+")
-    args = parser.parse_args(argv)
-    child = subprocess.Popen(args.command)
-    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
-    while True:
-        try:
-            return child.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.kill(args.exit_with_pid, 0)
-        except ProcessLookupError:
-            child.terminate()
-            try:
-                child.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                child.kill()
-            return 0
-        except PermissionError:
-            pass
-
-
-if __name__ == "__main__":
-    sys.exit(_watchdog())

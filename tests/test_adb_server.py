@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from farm import procs
 from farm.adb_server import AdbServer
 from farm.errors import AdbError
 from farm.virtual.manager import free_port
@@ -33,7 +34,7 @@ def test_stop_ends_the_process(server):
     pid = int((server.home / "server.pid").read_text())
     server.stop()
     assert not server.is_running()
-    assert not AdbServer._is_ours(pid)
+    assert not procs.is_ours(pid, server.owned())
     server.stop()  # stopping a stopped server is fine
 
 

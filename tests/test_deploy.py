@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,10 +33,18 @@ def _ws(device, bundle) -> Path:
     return Path(bundle_workspace(device, bundle))  # a virtual device's workspace is a host path
 
 
-def test_first_deploy_pushes_second_pushes_nothing(farm2, tmp_path):
+def test_first_deploy_pushes_second_pushes_nothing(farm2, tmp_path, monkeypatch):
     vf, recs = farm2
     bundle = bundle_mod.load(make_qnn_bundle(tmp_path / "b", name="cache-test"))
     device = _device(vf, recs["SM8650"])
+    pushed_to: list[str] = []
+    real_push = device.push
+
+    def recording_push(src, remote, *args, **kwargs):
+        pushed_to.append(remote)
+        return real_push(src, remote, *args, **kwargs)
+
+    monkeypatch.setattr(device, "push", recording_push)
     first = deploy(device, bundle)
     wanted = bundle.files_for("v75")
     assert first.files_pushed == len(wanted) and first.files_skipped == 0
@@ -44,7 +53,9 @@ def test_first_deploy_pushes_second_pushes_nothing(farm2, tmp_path):
     for f in wanted:
         assert (ws / f.name).read_bytes() == f.path.read_bytes()
     assert os.access(ws / "qnn_llama_runner", os.X_OK)
-    assert not (ws / "qnn_llama_runner").with_suffix("").name.endswith(PARTIAL_SUFFIX)
+    # Every file (and the deploy record) went to a partial name first and was renamed into place.
+    assert sorted(posixpath.basename(r) for r in pushed_to) == \
+        sorted(name + PARTIAL_SUFFIX for name in [*(f.name for f in wanted), RECORD_NAME])
     assert not list(ws.glob("*" + PARTIAL_SUFFIX))
     record = json.loads((ws / RECORD_NAME).read_text())["files"]
     assert {n: e["sha256"] for n, e in record.items()} == {f.name: f.sha256 for f in wanted}

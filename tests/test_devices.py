@@ -16,6 +16,7 @@ from farm.devices import (
     find_device,
     parse_battery,
     parse_df,
+    parse_props,
     parse_thermal,
     scan_server,
     split_sections,
@@ -167,6 +168,9 @@ def test_device_probe_parsers():
     assert parse_battery(sections["battery"]) == (85, 31.2)
     assert parse_thermal(sections["thermal"]) == {"cpu-0": 45.0, "cpu-0#1": 47.5, "thermal_zone2": 38.0}
     assert parse_df("") is None and parse_battery("") == (None, None)
+    assert split_sections("@@stat\nname\u2028with-separator\n")["stat"] == "name\u2028with-separator\n"
+    assert parse_props("ro.soc.model=SM8650 \nro.other=x\nnoise\nro.board.platform=pineapple") == {
+        "ro.soc.model": "SM8650", "ro.board.platform": "pineapple"}
 
 
 def test_adb_server_killed_mid_command_is_an_infra_error(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 
 from farm.errors import LeaseTimeout
 from farm.pool import AVAILABLE, Holder, LeaseRequest, Pool
+from farm.procs import wait_until
 from tests.support.pool import (
     check_event_log,
     collect,
@@ -111,8 +112,8 @@ def test_killed_holder_loses_device_after_ttl(pool_url):
 
             waiter = threading.Thread(target=next_waiter)
             waiter.start()
-            while not pool.status().queue:
-                time.sleep(0.01)
+            assert wait_until(lambda: bool(pool.status().queue), timeout=60), \
+                "the next waiter is not in the queue after 60 s"
             os.kill(holder.pid, signal.SIGKILL)
             holder.wait()
             waiter.join(60)
@@ -136,9 +137,10 @@ def test_killed_waiter_leaves_the_queue(pool_url):
         held = pool.acquire(LeaseRequest(), ttl_s=60, timeout_s=0)
         waiter = start_worker("hold", pool_url, json.dumps({"serial": "dev0"}), "60", "1")
         try:
-            while not pool.status().queue:
-                assert waiter.poll() is None, waiter.stderr.read()
-                time.sleep(0.01)
+            queued = wait_until(lambda: bool(pool.status().queue) or waiter.poll() is not None,
+                                timeout=60)
+            assert waiter.poll() is None, f"the waiter exited: {waiter.stderr.read()}"
+            assert queued, "the waiter is not in the queue after 60 s"
             queue_id = pool.status().queue[0].id
             os.kill(waiter.pid, signal.SIGKILL)
             waiter.wait()

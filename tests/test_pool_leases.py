@@ -8,6 +8,7 @@ import time
 import pytest
 
 from farm.errors import LeaseError, LeaseTimeout, UsageError
+from farm.procs import wait_until
 from farm.pool import (
     AVAILABLE,
     LEASED,
@@ -83,13 +84,20 @@ def test_renew_extends_the_lease(pool):
 
 def test_context_manager_releases_and_heartbeats(pool):
     pool.sync([fake_device("dev0")])
-    with pool.acquire(LeaseRequest(), ttl_s=5, timeout_s=1, heartbeat_s=0.05) as lease:
-        time.sleep(0.3)
+    with pool.acquire(LeaseRequest(), ttl_s=1, timeout_s=1, heartbeat_s=0.1) as lease:
+        first = lease.info
+        assert wait_until(lambda: lease.info.renewed > first.renewed, timeout=30), \
+            "the heartbeat never renewed the lease"
+        time.sleep(2.5)  # over twice the TTL: only the heartbeat keeps the lease
         assert lease.lost is None
-        assert states(pool) == {"dev0": LEASED}
+        held = pool.status().devices[0]
+        assert held.device.state == LEASED and held.lease.token == lease.token
+        assert held.lease.renewed > first.renewed and held.lease.expires > first.expires + 1
+        with pytest.raises(LeaseTimeout):  # not expired, so not reclaimed by another request
+            pool.acquire(LeaseRequest(), ttl_s=1, timeout_s=0)
     assert states(pool) == {"dev0": AVAILABLE}
-    renewed = [e for e in pool.history() if e.kind == "released"]
-    assert len(renewed) == 1
+    ends = [e.kind for e in pool.history() if e.kind in ("released", "expired")]
+    assert ends == ["released"]
 
 
 def test_constraints_select_the_right_device(pool):
@@ -232,8 +240,8 @@ def test_waiters_served_in_priority_then_arrival_order(pool_url):
             t = threading.Thread(target=wait, args=(name, priority))
             t.start()
             threads.append(t)
-            while len(pool.status().queue) < i + 1 and not errors:
-                time.sleep(0.01)
+            assert wait_until(lambda: len(pool.status().queue) > i or errors, timeout=60), \
+                f"waiter {name} not in the queue after 60 s"
         queue = pool.status().queue
         assert [q.holder.user for q in queue] == ["D", "B", "E", "A", "C"]
         pool.release(held.token)
@@ -258,12 +266,12 @@ def test_head_of_queue_only_blocks_devices_it_can_use(pool_url):
         high = threading.Thread(target=wait, args=("high", LeaseRequest(socs=["SM8650"],
                                                                          priority="release")))
         high.start()
-        while len(pool.status().queue) < 1:
-            time.sleep(0.01)
+        assert wait_until(lambda: len(pool.status().queue) == 1, timeout=60), \
+            "the high-priority waiter is not in the queue after 60 s"
         low = threading.Thread(target=wait, args=("low", LeaseRequest(priority="pr")))
         low.start()
-        while len(pool.status().queue) < 2:
-            time.sleep(0.01)
+        assert wait_until(lambda: len(pool.status().queue) == 2, timeout=60), \
+            "the low-priority waiter is not in the queue after 60 s"
         pool.release(hold_b.token)
         low.join(60)
         assert got == {"low": "b8550"}

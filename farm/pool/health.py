@@ -9,6 +9,7 @@ and offline outlive a lease: the holder keeps its lease, nobody new gets the dev
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -22,6 +23,8 @@ from farm.pool.model import (
 )
 from farm.pool.rows import log_event, set_state, settled_state
 from farm.pool.store import Txn
+
+log = logging.getLogger(__name__)
 
 
 def _device_row(txn: Txn, serial: str) -> dict[str, Any]:
@@ -163,6 +166,8 @@ def record_infra_failure(txn: Txn, serial: str, reason: str, quarantine_after: i
     log_event(txn, "infra_failure", serial=serial, detail=f"{failures} in a row: {reason}")
     if failures >= quarantine_after and row["state"] != QUARANTINED:
         quarantine(txn, serial, f"{failures} consecutive infra failures; last: {reason}")
+        log.warning("device %s quarantined after %d infra failures in a row; last: %s",
+                    serial, failures, reason)
         return True
     return False
 

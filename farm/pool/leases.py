@@ -17,6 +17,7 @@ to a holder that died before noticing comes back when that lease's TTL runs out.
 
 from __future__ import annotations
 
+import logging
 import random
 import secrets
 import threading
@@ -54,6 +55,8 @@ from farm.pool.rows import (
     set_state,
 )
 from farm.pool.store import Listener, Store, Txn, open_store
+
+log = logging.getLogger(__name__)
 
 DEFAULT_POLL_S = 0.05
 # With grants pushed (PostgreSQL NOTIFY), a waiter polls only to notice expired leases and lost
@@ -313,8 +316,9 @@ class Pool:
                                   (queue_id,))
                 if granted is not None:
                     end_lease(txn, granted, "released")
-        except PoolError:
-            pass
+        except PoolError as e:
+            log.warning("leaving queue entry %d after an interrupted acquire failed (%s); "
+                        "it is dropped as stale later", queue_id, e)
 
     def _timeout_message(self, txn: Txn, request: LeaseRequest, timeout: float,
                          ahead: list[QueueEntry]) -> str:
@@ -488,8 +492,10 @@ class Lease:
             except LeaseError as e:
                 self.lost = e
                 return
-            except PoolError:
-                continue  # the database may come back before the lease expires; try next beat
+            except PoolError as e:
+                # The database may come back before the lease expires: try at the next beat.
+                log.warning("lease %s on %s: renewal failed, retrying in %.1fs: %s",
+                            self.token[:8], self.serial, interval, e)
 
     def __enter__(self) -> Self:
         self.start_heartbeat()
@@ -498,6 +504,8 @@ class Lease:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         try:
             self.release()
-        except LeaseError:
+        except LeaseError as e:
             if exc_type is None:
                 raise
+            log.warning("lease %s on %s: not released (%s) while handling %s", self.token[:8],
+                        self.serial, e, getattr(exc_type, "__name__", exc_type))

@@ -19,9 +19,9 @@ import signal
 import socket
 import sys
 import threading
-import time
 from pathlib import Path
 
+from farm import procs
 from farm.errors import UsageError
 from farm.fileio import write_atomic
 from farm.virtual.faults import NO_FAULTS, Faults, read_faults
@@ -38,13 +38,19 @@ from farm.virtual.protocol import (
     Transport,
     device_banner,
 )
-from farm.virtual.shell import CommandContext, parse_shell_service, run_shell
+from farm.virtual.shell import CommandContext, kill_commands, parse_shell_service, run_shell
 from farm.virtual.stream import Stream
 from farm.virtual.sync import SyncService
 
 RUN_FILE = "run.json"
 PGID_DIR = "run/commands"
-log = logging.getLogger("farm.virtual.device")
+log = logging.getLogger("farm.virtual.device")  # also when run as __main__
+
+
+def device_argv(root: Path, port: int = 0, exit_with_pid: int | None = None) -> list[str]:
+    """The command line of a device process (start it with :func:`farm.procs.farm_env`)."""
+    owner = ["--exit-with-pid", str(exit_with_pid)] if exit_with_pid is not None else []
+    return procs.module_argv("farm.virtual.device", "--root", str(root), "--port", str(port), *owner)
 
 
 def command_env(root: Path) -> dict[str, str]:
@@ -104,12 +110,7 @@ class VirtualDevice:
         self._stopping.set()
         if self._listener is not None:
             self._listener.close()
-        for entry in (self.root / PGID_DIR).iterdir():
-            try:
-                os.killpg(int(entry.name), signal.SIGKILL)
-            except (ValueError, ProcessLookupError, PermissionError):
-                pass
-            entry.unlink(missing_ok=True)
+        kill_commands(self.root / PGID_DIR)
 
     # --- one transport (TCP connection from the adb server) ----------------------------------
     def _serve_connection(self, sock: socket.socket) -> None:
@@ -187,19 +188,6 @@ def _write_run_file(root: Path, port: int) -> None:
     write_atomic(root / RUN_FILE, json.dumps({"pid": os.getpid(), "port": port}))
 
 
-def _watch_parent(pid: int, device: VirtualDevice) -> None:
-    """Exit when the process that owns us is gone (a test session killed -9 leaves nothing behind)."""
-    while True:
-        time.sleep(0.5)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            device.stop()
-            os._exit(0)
-        except PermissionError:
-            pass
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m farm.virtual.device",
                                      description="Run one virtual Snapdragon device.")
@@ -218,15 +206,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"farm.virtual.device: {root}: {e}", file=sys.stderr)
         return 2
 
-    def on_term(signum, frame):
+    def stop_and_exit() -> None:
         device.stop()
         os._exit(0)
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop_and_exit())
+    signal.signal(signal.SIGINT, lambda signum, frame: stop_and_exit())
     if args.exit_with_pid:
-        threading.Thread(target=_watch_parent, args=(args.exit_with_pid, device),
-                         daemon=True).start()
+        # A test session killed -9 leaves nothing behind.
+        procs.watch_owner(args.exit_with_pid, stop_and_exit)
     _write_run_file(root, port)
     log.info("device %s listening on 127.0.0.1:%d", device.identity.props["ro.serialno"], port)
     device.serve_forever()

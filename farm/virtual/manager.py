@@ -8,23 +8,22 @@ missing processes and a leftover state file are all fine.
 from __future__ import annotations
 
 import json
+import logging
 import os
-import signal
 import socket
 import subprocess
-import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Self
 
 import adbutils
 
+from farm import procs
 from farm.adb_server import AdbServer
 from farm.config import AdbServerAddress
 from farm.errors import AdbError, InfraError, UsageError
 from farm.fileio import write_atomic
-from farm.virtual.device import PGID_DIR, RUN_FILE
+from farm.virtual.device import PGID_DIR, RUN_FILE, device_argv
 from farm.virtual.faults import NO_FAULTS, Faults, write_faults
 from farm.virtual.identity import (
     WORKSPACE_REL,
@@ -32,10 +31,13 @@ from farm.virtual.identity import (
     create_device_root,
     make_identity,
 )
+from farm.virtual.shell import kill_commands
 
 STATE_FILE = "state.json"
 EMULATOR_PORTS = range(5554, 5586)  # the adb server adopts anything listening there as an emulator
-_REPO_ROOT = Path(__file__).resolve().parents[2]  # so `python -m farm.virtual.device` imports us
+DEVICE_LOG = "device.log"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -210,34 +212,26 @@ class VirtualFarm:
 
     def _spawn(self, root: Path, port: int, soc: str, serialno: str) -> VirtualDeviceRecord:
         (root / RUN_FILE).unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "farm.virtual.device", "--root", str(root), "--port", str(port)]
-        if self.tie_to_owner:
-            argv += ["--exit-with-pid", str(os.getpid())]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
-        with open(root / "device.log", "ab") as log:
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+        proc = procs.spawn(device_argv(root, port, os.getpid() if self.tie_to_owner else None),
+                           log_path=root / DEVICE_LOG, env=procs.farm_env(), cwd=root)
         self._procs[proc.pid] = proc
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
+        run: dict = {}
+
+        def listening() -> bool:
             try:
-                run = json.loads((root / RUN_FILE).read_text())
-                if run.get("pid") == proc.pid:
-                    return VirtualDeviceRecord(serial=f"127.0.0.1:{run['port']}",
-                                               port=int(run["port"]), pid=proc.pid, root=root,
-                                               soc=soc, serialno=serialno)
+                run.update(json.loads((root / RUN_FILE).read_text()))
             except (OSError, ValueError):
-                pass
-            if proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        _kill_pid(proc.pid)
-        proc.wait(timeout=5)
+                return False  # not written yet (or half written): ask again
+            return run.get("pid") == proc.pid
+
+        if procs.wait_until(lambda: listening() or proc.poll() is not None, self.start_timeout) \
+                and run.get("pid") == proc.pid:
+            return VirtualDeviceRecord(serial=f"127.0.0.1:{run['port']}", port=int(run["port"]),
+                                       pid=proc.pid, root=root, soc=soc, serialno=serialno)
+        procs.terminate(proc.pid, _device_owned(root), grace=0, proc=self._procs.pop(proc.pid))
         raise InfraError(f"virtual device in {root} did not start "
-                         f"(exit {proc.poll()}); log: {root / 'device.log'}: "
-                         f"{_tail(root / 'device.log')}")
+                         f"(exit {proc.poll()}); log: {root / DEVICE_LOG}: "
+                         f"{procs.log_tail(root / DEVICE_LOG)}")
 
     def _attach(self, record: VirtualDeviceRecord) -> None:
         self.server.connect(record.serial)
@@ -248,27 +242,10 @@ class VirtualFarm:
                            serial=record.serial) from None
 
     def _kill_device(self, record: VirtualDeviceRecord) -> None:
-        if is_device_process(record.pid, record.root):
-            _kill_pid(record.pid)
-            deadline = time.monotonic() + 5
-            while is_device_process(record.pid, record.root) and time.monotonic() < deadline:
-                time.sleep(0.02)
-        proc = self._procs.pop(record.pid, None)
-        if proc is not None:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        procs.terminate(record.pid, _device_owned(record.root), grace=0, timeout=5.0,
+                        proc=self._procs.pop(record.pid, None))
         # Commands of a device killed -9 outlive it (own sessions): end them as the phone would.
-        pgid_dir = record.root / PGID_DIR
-        if pgid_dir.exists():
-            for entry in pgid_dir.iterdir():
-                if entry.name.isdigit():
-                    try:
-                        os.killpg(int(entry.name), signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                entry.unlink(missing_ok=True)
+        kill_commands(record.root / PGID_DIR)
         (record.root / RUN_FILE).unlink(missing_ok=True)
 
     def _read_state(self) -> dict:
@@ -287,25 +264,11 @@ class VirtualFarm:
         write_atomic(self.state_path, json.dumps(state, indent=1))
 
 
+def _device_owned(root: Path) -> procs.Owned:
+    return procs.cmdline_has(["farm.virtual.device"], ["--root", str(root)])
+
+
 def is_device_process(pid: int, root: Path) -> bool:
     """True only for our device process on that root: a stale pid reused by another process is left
     alone."""
-    try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"farm.virtual.device" in args and str(root).encode() in args
-
-
-def _kill_pid(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+    return procs.is_ours(pid, _device_owned(root))

@@ -6,10 +6,13 @@ header of six little-endian u32 (command, arg0, arg1, data_length, data_check, m
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 import threading
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 A_CNXN = 0x4E584E43
 A_AUTH = 0x48545541
@@ -113,6 +116,6 @@ class Transport:
         self.closed.set()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        except OSError as e:
+            log.debug("transport shutdown: %s (the peer already hung up)", e)
         self.sock.close()

@@ -7,8 +7,8 @@ the device's imitation Android tools.
 
 from __future__ import annotations
 
+import logging
 import os
-import signal
 import struct
 import subprocess
 import threading
@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from farm.procs import kill_group
 from farm.virtual.stream import Stream, StreamClosed
+
+log = logging.getLogger(__name__)
 
 # shell v2 packet ids
 ID_STDIN, ID_STDOUT, ID_STDERR, ID_EXIT, ID_CLOSE_STDIN, ID_WINDOW_SIZE = range(6)
@@ -63,11 +66,15 @@ class CommandContext:
     pgid_dir: Path  # one file per running command's process group, so a killed device's are found
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def kill_commands(pgid_dir: Path) -> None:
+    """Kill every command still recorded in ``pgid_dir`` (a device that stops or was killed -9: its
+    commands run in sessions of their own and would outlive it) and forget them."""
+    if not pgid_dir.is_dir():
+        return
+    for entry in pgid_dir.iterdir():
+        if entry.name.isdigit():
+            kill_group(int(entry.name))
+        entry.unlink(missing_ok=True)
 
 
 def run_shell(stream: Stream, request: ShellRequest, ctx: CommandContext) -> None:
@@ -84,10 +91,12 @@ def run_shell(stream: Stream, request: ShellRequest, ctx: CommandContext) -> Non
     pgid_file = ctx.pgid_dir / str(proc.pid)
     try:
         pgid_file.touch()
-    except OSError:
+    except OSError as e:
+        log.warning("cannot record command %d in %s (%s): a device killed -9 leaves it running",
+                    proc.pid, ctx.pgid_dir, e)
         pgid_file = None
     # The server closing the stream (client timeout, client gone, transport dropped) kills the group.
-    stream.add_close_callback(lambda: _kill_group(proc.pid))
+    stream.add_close_callback(lambda: kill_group(proc.pid))
 
     def pump(fd_file, packet_id: int | None) -> None:
         fd = fd_file.fileno()
@@ -100,7 +109,7 @@ def run_shell(stream: Stream, request: ShellRequest, ctx: CommandContext) -> Non
                     data = _V2_HEADER.pack(packet_id, len(data)) + data
                 stream.write(data)
         except (StreamClosed, OSError):
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
         finally:
             fd_file.close()
 
@@ -123,7 +132,7 @@ def run_shell(stream: Stream, request: ShellRequest, ctx: CommandContext) -> Non
         if v2:
             stream.write(_V2_HEADER.pack(ID_EXIT, 1) + bytes([code & 0xFF]))
     except StreamClosed:
-        pass
+        log.warning("exit code %d of %r not sent: the stream was closed", code, request.command[:80])
     stream.close()  # also wakes the stdin feeder
     stdin_thread.join(timeout=5)
 
@@ -153,14 +162,14 @@ def _feed_stdin(stream: Stream, proc: subprocess.Popen, v2: bool) -> None:
                 elif packet_id == ID_CLOSE_STDIN and stdin is not None:
                     stdin.close()
                     stdin = None
-    except (OSError, ValueError):
-        pass  # the command closed its stdin or exited
+    except (OSError, ValueError) as e:
+        log.warning("stdin of command %d dropped: it closed its stdin or exited (%s)", proc.pid, e)
     finally:
         if stdin is not None:
             try:
                 stdin.close()
-            except OSError:
-                pass
+            except OSError as e:
+                log.warning("closing stdin of command %d: %s", proc.pid, e)
 
 
 def _report_spawn_error(stream: Stream, v2: bool, message: str) -> None:
@@ -172,5 +181,5 @@ def _report_spawn_error(stream: Stream, v2: bool, message: str) -> None:
         else:
             stream.write(data)
     except StreamClosed:
-        pass
+        log.warning("spawn error not reported (%s): the stream was closed", message)
     stream.close()

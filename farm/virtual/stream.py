@@ -8,6 +8,7 @@ server's OKAY before the next one.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -15,6 +16,8 @@ from collections.abc import Callable
 
 from farm.virtual.faults import Faults
 from farm.virtual.protocol import A_CLSE, A_OKAY, A_WRTE, Transport
+
+log = logging.getLogger(__name__)
 
 _EOF = None
 
@@ -108,8 +111,8 @@ class Stream:
         if not self.remote_closed.is_set():
             try:
                 self.transport.send(A_CLSE, self.local_id, self.remote_id)
-            except (OSError, EOFError):
-                pass
+            except (OSError, EOFError) as e:
+                log.warning("stream %d: close not sent, the transport is gone: %s", self.local_id, e)
         self._inbox.put(_EOF)
         self._on_finished(self.local_id)
 

@@ -7,6 +7,7 @@ the root are served: anything else gets FAIL "permission denied", so a push can 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import struct
@@ -16,6 +17,8 @@ from typing import ClassVar
 
 from farm.virtual.faults import Faults
 from farm.virtual.stream import Stream, StreamClosed, StreamReader
+
+log = logging.getLogger(__name__)
 
 MAX_PATH = 1024
 SYNC_DATA_MAX = 64 * 1024
@@ -82,12 +85,12 @@ class SyncService:
                 handler(self, path)
                 self._flush()
         except StreamClosed:
-            pass
+            log.debug("sync session ended by the server")  # how a client ends it without QUIT
         finally:
             try:
                 self._flush()
-            except StreamClosed:
-                pass
+            except StreamClosed as e:
+                log.warning("sync replies not sent: %s", e)
             self.stream.close()
 
     def _lookup_stat(self, path: str, follow: bool) -> os.stat_result | int:
@@ -131,10 +134,10 @@ class SyncService:
                     try:
                         yield entry.name.encode("utf-8", "surrogateescape"), entry.stat(
                             follow_symlinks=False)
-                    except OSError:
-                        continue
-        except (SyncFail, OSError):
-            return  # adbd answers a bad directory with an empty listing
+                    except OSError as e:  # removed while listed
+                        log.warning("list %s: skipping %s: %s", path, entry.name, e)
+        except (SyncFail, OSError) as e:
+            log.warning("list %s: %s; answering an empty listing as adbd does", path, e)
 
     def _list(self, path: str) -> None:
         for name, st in self._entries(path):
@@ -240,8 +243,8 @@ class SyncService:
             if tmp_path is not None:
                 try:
                     os.unlink(tmp_path)
-                except OSError:
-                    pass
+                except OSError as e:
+                    log.warning("cannot remove the partial file %s: %s", tmp_path, e)
 
     _HANDLERS: ClassVar[dict[bytes, Callable[[SyncService, str], None]]] = {
         b"STAT": _stat_v1,

@@ -1,0 +1,86 @@
+"""Finding devices: every device of every adb server, or the one with a given serial."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from farm.adb_server import FarmAdbClient
+from farm.config import DEFAULT_WORKSPACE, AdbServerAddress
+from farm.device_probe import Device, DeviceInfo
+from farm.device_transport import client_for, list_server
+from farm.errors import AdbError, DeviceGone, FarmError, UsageError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerScan:
+    """What one adb server reported: its devices, or why it could not be asked."""
+
+    server: AdbServerAddress
+    devices: list[DeviceInfo]
+    error: str | None = None
+
+
+def _listing(server: AdbServerAddress) -> tuple[FarmAdbClient, list[tuple[str, str]]]:
+    client = client_for(server)
+    return client, list_server(client, server)
+
+
+def scan_server(server: AdbServerAddress, *, workspace_root: str = DEFAULT_WORKSPACE) -> ServerScan:
+    """Every device of one adb server with its attributes; an unreachable server is an error entry."""
+    try:
+        client, entries = _listing(server)
+    except AdbError as e:
+        return ServerScan(server, [], error=str(e))
+    devices = []
+    for serial, state in entries:
+        if state != "device":
+            devices.append(DeviceInfo(serial=serial, server=str(server), state=state))
+            continue
+        try:
+            devices.append(Device(client, serial, server, workspace_root=workspace_root).info())
+        except FarmError as e:
+            log.warning("device %s on %s: cannot probe it: %s", serial, server, e)
+            devices.append(DeviceInfo(serial=serial, server=str(server), state="error", error=str(e)))
+    return ServerScan(server, devices)
+
+
+def discover(servers: list[AdbServerAddress], *,
+             workspace_root: str = DEFAULT_WORKSPACE) -> list[DeviceInfo]:
+    """Every device of every server. An unreachable server raises ``AdbError`` naming host:port."""
+    found: list[DeviceInfo] = []
+    for server in servers:
+        scan = scan_server(server, workspace_root=workspace_root)
+        if scan.error:
+            raise AdbError(scan.error)
+        found.extend(scan.devices)
+    return found
+
+
+def find_device(servers: list[AdbServerAddress], serial: str, *,
+                workspace_root: str = DEFAULT_WORKSPACE) -> Device:
+    """The device with this serial on whichever server has it.
+
+    Not listed anywhere is a ``UsageError`` (a wrong serial) unless some server could not be asked,
+    which makes it an ``AdbError``; listed but not ready (offline, unauthorized) is ``DeviceGone``.
+    """
+    unreachable: list[str] = []
+    for server in servers:
+        try:
+            client, entries = _listing(server)
+        except AdbError as e:
+            log.warning("%s; looking for %s on the other servers", e, serial)
+            unreachable.append(str(e))
+            continue
+        for s, state in entries:
+            if s == serial:
+                if state != "device":
+                    raise DeviceGone(f"device {serial} on {server} is {state}", serial=serial)
+                return Device(client, serial, server, workspace_root=workspace_root)
+    names = ", ".join(str(s) for s in servers)
+    if unreachable:
+        raise AdbError(f"device {serial} not found on adb servers {names}; "
+                       + "; ".join(unreachable), serial=serial)
+    raise UsageError(f"device {serial} not found on adb servers {names} (see `farm devices`)")
