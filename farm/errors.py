@@ -48,3 +48,19 @@ class LeaseTimeout(InfraError):
 
 class LeaseError(UsageError):
     """A lease operation with a stale or foreign token."""
+
+
+class RunIncomplete(InfraError):
+    """The runner exited 0 but left no usable output (no or empty outputs.txt, no generated tokens):
+    an error of the run, never a pass. Carries the exit code, what is missing and the stderr tail."""
+
+    def __init__(self, message: str, *, serial: str | None = None, exit_code: int | None = None,
+                 missing: str = "", stderr_tail: str = "", result: object = None):
+        super().__init__(message, serial=serial)
+        self.exit_code, self.missing, self.stderr_tail, self.result = \
+            exit_code, missing, stderr_tail, result
+
+
+class LeaseLost(InfraError):
+    """Our lease on a device ended (expired while we stalled, or taken away): we must not touch the
+    device again, and nothing measured since can be trusted."""

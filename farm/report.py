@@ -1,8 +1,18 @@
-"""Reports of a qualification run: JUnit per device and combined, a Markdown summary, raw JSON.
+"""Reports of a run: JUnit (one file, one ``<testsuite>`` per device), a Markdown summary, raw JSON.
 
-Failures of the code under test become JUnit ``<failure>``; infrastructure errors become ``<error>``.
-The report directory is written under a temporary name and renamed into place, so a crash never leaves
-a half-written report where CI looks for one.
+Layout of a report directory::
+
+    junit/<device>.xml   one <testsuite> per device; tests that never got a device: unleased-<SoC>.xml
+    summary.md           verdict first, then one row per test
+    results.json         meta + every record with its attempts
+
+Only ``junit/`` holds XML, so a CI glob of ``junit/*.xml`` (or ``**/*.xml``) counts every test once.
+Failures of the code under test are ``<failure>``; infrastructure errors and bad input are
+``<error>``, with every spoiled attempt and its reason in ``system-err``. The directory is written
+under a temporary name and renamed into place: a crash never leaves half a report where CI looks.
+
+JUnit is built with ElementTree rather than the junit-xml package, which cannot put ``<properties>``
+on a ``<testcase>`` (the serial, SoC, tok/s of each test live there, as pytest's own junitxml does).
 """
 
 from __future__ import annotations
@@ -12,82 +22,124 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import asdict
+import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from junit_xml import TestCase, TestSuite, to_xml_report_string
-
-from farm.qualify import ERROR, FAILED, PASSED, CaseResult
+from farm.results import ErrorKind, Outcome, TestRecord, Verdict, verdict
 
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
-def junit_suites(results: list[CaseResult]) -> list[TestSuite]:
-    by_device: dict[str, list[CaseResult]] = {}
-    for r in results:
-        by_device.setdefault(r.serial or f"unleased-{r.soc}", []).append(r)
-    suites = []
-    for device, rows in by_device.items():
-        cases = []
-        for r in rows:
-            tc = TestCase(r.case.id, classname=f"qualify.{r.soc}", elapsed_sec=r.duration_s,
-                          stdout=_tok_s_line(r), file=device)
-            if r.outcome == FAILED:
-                tc.add_failure_info(message=r.message, failure_type="UpdaterMismatch")
-            elif r.outcome == ERROR:
-                tc.add_error_info(message=r.message, error_type="InfraError",
-                                  output="\n".join(r.infra_log))
-            cases.append(tc)
-        suites.append(TestSuite(f"{rows[0].soc} {device}", cases, hostname=device,
-                                properties={"soc": rows[0].soc, "serial": device}))
-    return suites
+def device_key(record: TestRecord) -> str:
+    return record.serial or f"unleased-{record.soc or 'any'}"
 
 
-def _tok_s_line(r: CaseResult) -> str:
-    parts = [f"{u} {v:.1f} tok/s" for u, v in r.tok_s.items() if v is not None]
-    return ", ".join(parts)
+def _text(value: Any) -> str:
+    # XML 1.0 cannot carry most control characters; a runner's stderr may contain anything.
+    return re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]", "?", str(value))
 
 
-def summary_markdown(results: list[CaseResult], meta: dict[str, Any]) -> str:
-    counts = {k: sum(r.outcome == k for r in results) for k in (PASSED, FAILED, ERROR)}
-    verdict = "PASS" if counts[FAILED] == counts[ERROR] == 0 else \
-        ("FAIL" if counts[FAILED] else "INFRA ERROR")
-    lines = [f"# Qualification: {verdict}", "",
-             f"- bundle: `{meta.get('bundle')}`",
-             f"- devices: {', '.join(meta.get('devices', [])) or 'none'}",
-             f"- cases: {len(results)} ({counts[PASSED]} passed, {counts[FAILED]} failed, "
-             f"{counts[ERROR]} infrastructure errors)",
+def _attempts_text(record: TestRecord) -> str:
+    return "\n".join(f"attempt {i}: {a.serial or 'no device'}: {a.reason}"
+                     for i, a in enumerate(record.attempts, 1))
+
+
+def junit_suite(device: str, records: list[TestRecord], meta: dict[str, Any]) -> ET.Element:
+    counts = {o: sum(r.outcome == o for r in records) for o in Outcome}
+    suite = ET.Element("testsuite", {
+        "name": device, "hostname": device, "tests": str(len(records)),
+        "failures": str(counts[Outcome.FAILED]), "errors": str(counts[Outcome.ERROR]),
+        "skipped": str(counts[Outcome.SKIPPED]),
+        "time": f"{sum(r.duration_s for r in records):.3f}",
+        "timestamp": meta.get("started_at", ""),
+    })
+    props = ET.SubElement(suite, "properties")
+    suite_props = {"run_id": meta.get("run_id", ""), "git_revision": meta.get("git_revision", ""),
+                   "bundle": meta.get("bundle_name", ""), "bundle_digest": meta.get("bundle_digest", ""),
+                   "soc": records[0].soc or "", "serial": records[0].serial or ""}
+    for key, value in suite_props.items():
+        ET.SubElement(props, "property", {"name": key, "value": _text(value)})
+    for r in records:
+        case = ET.SubElement(suite, "testcase", {
+            "classname": r.nodeid.partition("::")[0].removesuffix(".py").replace("/", "."),
+            "name": r.name, "time": f"{r.duration_s:.3f}", "file": r.nodeid.partition("::")[0]})
+        cprops = ET.SubElement(case, "properties")
+        fields = {"serial": r.serial or "", "soc": r.soc or "", "attempts": str(len(r.attempts) + 1),
+                  **r.properties}
+        for key, value in fields.items():
+            ET.SubElement(cprops, "property", {"name": key, "value": _text(value)})
+        if r.outcome == Outcome.FAILED:
+            el = ET.SubElement(case, "failure", {"message": _text(r.message),
+                                                 "type": r.error_type or "AssertionError"})
+            el.text = _text(r.details)
+        elif r.outcome == Outcome.ERROR:
+            kind = "bad input" if r.error_kind == ErrorKind.USAGE else "infrastructure"
+            el = ET.SubElement(case, "error", {"message": _text(f"{kind}: {r.message}"),
+                                               "type": r.error_type or "InfraError"})
+            el.text = _text(r.details)
+        elif r.outcome == Outcome.SKIPPED:
+            ET.SubElement(case, "skipped", {"message": _text(r.message)})
+        if r.attempts:
+            ET.SubElement(case, "system-err").text = _text(_attempts_text(r))
+    return suite
+
+
+def summary_markdown(records: list[TestRecord], meta: dict[str, Any]) -> str:
+    v = Verdict(meta["verdict"]) if "verdict" in meta else verdict(records)
+    counts = {o: sum(r.outcome == o for r in records) for o in Outcome}
+    title = {Verdict.PASS: "PASS", Verdict.FAIL: "FAIL", Verdict.INFRA_ERROR: "INFRA ERROR",
+             Verdict.BAD_INPUT: "BAD INPUT"}[v]
+    partial = " (PARTIAL: the run was interrupted)" if meta.get("partial") else ""
+    lines = [f"# Qualification: {title}{partial}", "",
+             f"- bundle: `{meta.get('bundle_name', '?')}` (sha256 `{meta.get('bundle_digest', '?')[:16]}`,"
+             f" dialect {meta.get('runner_dialect', '?')})",
+             f"- run: `{meta.get('run_id', '?')}` at {meta.get('started_at', '?')}, "
+             f"git {meta.get('git_revision') or 'unknown'}",
+             f"- devices: {', '.join(sorted({device_key(r) for r in records})) or 'none'}"
+             + (" (virtual)" if meta.get("virtual") else ""),
+             f"- tests: {len(records)} ({counts[Outcome.PASSED]} passed, {counts[Outcome.FAILED]} "
+             f"failed, {counts[Outcome.ERROR]} errors, {counts[Outcome.SKIPPED]} skipped)",
              f"- wall time: {meta.get('wall_s', 0):.1f} s", "",
-             "| SoC | device | case | outcome | SmartMask tok/s | ShiftPointer tok/s | attempts | note |",
-             "|---|---|---|---|---:|---:|---:|---|"]
-    for r in results:
-        sm, sp = r.tok_s.get("SmartMask"), r.tok_s.get("ShiftPointer")
-        note = r.message.replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {r.soc} | {r.serial or '-'} | `{r.case.id}` | {r.outcome} | "
-                     f"{_num(sm)} | {_num(sp)} | {r.attempts} | {note} |")
+             "| SoC | device | test | outcome | tok/s | attempts | note |",
+             "|---|---|---|---|---|---:|---|"]
+    for r in records:
+        rates = ", ".join(f"{k.removeprefix('tok_s.')} {v}" for k, v in r.properties.items()
+                          if k.startswith("tok_s."))
+        note = r.message
+        if r.attempts:
+            note = f"{note} [earlier: {'; '.join(f'{a.serial}: {a.reason}' for a in r.attempts)}]"
+        note = note.replace("|", "\\|").replace("\n", " ")[:400]
+        lines.append(f"| {r.soc or '-'} | {r.serial or '-'} | `{r.name}` | {r.outcome} | "
+                     f"{rates or '-'} | {len(r.attempts) + 1} | {note} |")
     return "\n".join(lines) + "\n"
 
 
-def _num(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
-
-
-def write_reports(results: list[CaseResult], out_dir: Path, meta: dict[str, Any]) -> Path:
+def write_reports(records: list[TestRecord], out_dir: Path, meta: dict[str, Any]) -> Path:
+    """Write the report directory atomically (replacing an older one) and return its path."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    meta = dict(meta)
+    meta.setdefault("verdict", verdict(records, interrupted=bool(meta.get("partial"))).value)
+    meta.setdefault("written_at", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        suites = junit_suites(results)
-        for suite in suites:
-            (staging / f"junit-{_safe(suite.hostname)}.xml").write_text(
-                to_xml_report_string([suite], encoding="utf-8"))
-        (staging / "junit.xml").write_text(to_xml_report_string(suites, encoding="utf-8"))
-        (staging / "summary.md").write_text(summary_markdown(results, meta))
-        rows = [asdict(r) for r in results]
-        (staging / "results.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+        by_device: dict[str, list[TestRecord]] = {}
+        for r in records:
+            by_device.setdefault(device_key(r), []).append(r)
+        (staging / "junit").mkdir()
+        for device, rows in sorted(by_device.items()):
+            tree = ET.ElementTree(junit_suite(device, rows, meta))
+            ET.indent(tree)
+            tree.write(staging / "junit" / f"{_safe(device)}.xml", encoding="utf-8",
+                       xml_declaration=True)
+        (staging / "summary.md").write_text(summary_markdown(records, meta), encoding="utf-8")
+        body = {"format": "ptefarm-results/1", "meta": meta, "results": [r.to_json() for r in records]}
+        (staging / "results.json").write_text(json.dumps(body, indent=2, ensure_ascii=False),
+                                              encoding="utf-8")
         if out_dir.exists():
             old = out_dir.with_name(f".{out_dir.name}.old")
             shutil.rmtree(old, ignore_errors=True)

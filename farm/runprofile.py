@@ -22,6 +22,9 @@ from farm.bundle import Bundle
 from farm.errors import UsageError
 
 UPDATERS = ("SmartMask", "ShiftPointer")
+# The updaters each runner dialect can run: ShiftPointer was removed after v1.0.1.
+DIALECT_UPDATERS: dict[str, tuple[str, ...]] = {
+    "host": UPDATERS, "qnn-v1.0": UPDATERS, "qnn-shared-buffer": ("SmartMask",)}
 OUTPUTS = "outputs.txt"
 SPEED = "inference_speed.txt"
 TOKEN_IDS = "token_ids.json"

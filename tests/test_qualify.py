@@ -1,150 +1,91 @@
-"""The qualification run: parallel over leased virtual devices, failures vs infra errors, reports."""
+"""`farm qualify`: the suites through pytest and the plugin, and the reports it leaves."""
 
 from __future__ import annotations
 
-import threading
-import time
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-from click.testing import CliRunner
 
-from farm.cli.main import main as farm_main
-from farm.devices import discover
-from farm.pool import LeaseRequest, Pool
-from farm.qualify import (
-    ERROR,
-    FAILED,
-    PASSED,
-    Case,
-    CaseResult,
-    Qualification,
-    QualifyPlan,
-)
+from farm.cli.qualify import exit_code
 from farm.report import write_reports
-from farm.virtual import VirtualDeviceSpec
-from tests.device_helpers import make_qnn_bundle
-
-STORY = Case(name="story", mode="kv", prompt="Once upon a time", seq_len=40)
+from farm.results import Attempt, ErrorKind, Outcome, TestRecord, Verdict, verdict
+from tests.plugin_helpers import explain, junit_cases, results_json
 
 
-def _pool(tmp_path, **options) -> Pool:
-    return Pool.open(f"sqlite:///{tmp_path / 'pool.db'}", **options)
+def _farm(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "farm.cli.main", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=420)
 
 
-def _junit_counts(path):
-    root = ET.parse(path).getroot()
-    return (len(root.findall(".//testcase")), len(root.findall(".//failure")),
-            len(root.findall(".//error")))
-
-
-def test_reference_bundle_qualifies_on_two_socs_in_parallel(virtual_farm, tiny_bundle, tmp_path):
-    virtual_farm.up([VirtualDeviceSpec(soc="SM8650"), VirtualDeviceSpec(soc="SM8550")])
-    servers = [virtual_farm.adb_server]
-    with _pool(tmp_path) as pool:
-        pool.sync(discover(servers), servers)
-        plan = QualifyPlan(manifest=tiny_bundle, socs=["SM8550", "SM8650"],
-                           cases=[STORY, Case("story", "hybrid", "Once upon a time", 40)])
-        results = Qualification(plan, pool, servers, workers=2).run()
-        assert [(r.soc, r.outcome) for r in results] == [("SM8550", PASSED)] * 2 + \
-            [("SM8650", PASSED)] * 2
-        assert {r.serial for r in results} == {d.serial for d in virtual_farm.devices}
-        assert all(r.tok_s["SmartMask"] and r.tok_s["ShiftPointer"] for r in results)
-        # Nothing leaked: every lease was given back.
-        assert {d.device.state for d in pool.status().devices} == {"available"}
-    out = write_reports(results, tmp_path / "report", {"bundle": str(tiny_bundle)})
-    per_device = sorted(out.glob("junit-*.xml"))
-    assert len(per_device) == 2
-    assert _junit_counts(out / "junit.xml") == (4, 0, 0)
-    assert (out / "summary.md").read_text().startswith("# Qualification: PASS")
-
-
-def test_updater_mismatch_is_a_failure_not_an_infra_error(virtual_farm, tmp_path):
-    """A runner whose output depends on --kv_updater (here: a fake that echoes its argv) fails the gate."""
-    virtual_farm.up([VirtualDeviceSpec(soc="SM8650")])
-    servers = [virtual_farm.adb_server]
-    manifest = make_qnn_bundle(tmp_path / "bundle")
-    with _pool(tmp_path) as pool:
-        pool.sync(discover(servers), servers)
-        plan = QualifyPlan(manifest=manifest, socs=["SM8650"], cases=[STORY])
-        [result] = Qualification(plan, pool, servers, workers=1).run()
-    assert result.outcome == FAILED
-    assert "diverge" in result.message
-    out = write_reports([result], tmp_path / "report", {})
-    assert _junit_counts(out / "junit.xml") == (1, 1, 0)
-    assert "# Qualification: FAIL" in (out / "summary.md").read_text()
-
-
-def test_hung_device_is_an_infra_error_retried_on_another_device(virtual_farm, tiny_bundle, tmp_path):
-    bad, good = virtual_farm.up([VirtualDeviceSpec(soc="SM8650"), VirtualDeviceSpec(soc="SM8650")])
-    virtual_farm.set_faults(bad.serial, hang_commands="farm-llama-runner")
-    servers = [virtual_farm.adb_server]
-    with _pool(tmp_path, quarantine_after=1) as pool:
-        pool.sync(discover(servers), servers)
-        # Hold the good device so that the first attempt lands on the hung one.
-        held = pool.acquire(LeaseRequest(serial=good.serial), timeout_s=10)
-        plan = QualifyPlan(manifest=tiny_bundle, socs=["SM8650"], cases=[STORY],
-                           run_timeout_s=25)  # generous: a loaded CI box must not time out the good one
-        results: list[CaseResult] = []
-        worker = threading.Thread(target=lambda: results.extend(
-            Qualification(plan, pool, servers, workers=1).run()))
-        worker.start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            states = {d.device.serial: d.device.state for d in pool.status().devices}
-            if states[bad.serial] == "quarantined":
-                break
-            time.sleep(0.2)
-        held.release()
-        worker.join(timeout=180)
-        assert not worker.is_alive()
-    [result] = results
-    assert result.outcome == PASSED
-    assert result.serial == good.serial
-    assert result.attempts == 2
-    assert bad.serial in result.infra_log[0] and "Timeout" in result.infra_log[0]
-
-
-def test_no_device_for_a_soc_is_an_error_not_a_failure(virtual_farm, tiny_bundle, tmp_path):
-    virtual_farm.up([VirtualDeviceSpec(soc="SM8650")])
-    servers = [virtual_farm.adb_server]
-    with _pool(tmp_path) as pool:
-        pool.sync(discover(servers), servers)
-        plan = QualifyPlan(manifest=tiny_bundle, socs=["SM8750"], cases=[STORY], lease_timeout_s=1)
-        [result] = Qualification(plan, pool, servers, workers=1).run()
-    assert result.outcome == ERROR
-    assert "SM8750" in result.message
-
-
-def test_junit_keeps_failures_and_errors_apart(tmp_path):
-    rows = [CaseResult(STORY, "SM8650", PASSED, "ok", "dev-a", 1.0, tok_s={"SmartMask": 10.0}),
-            CaseResult(STORY, "SM8650", FAILED, "diverge at 3", "dev-a", 1.0),
-            CaseResult(STORY, "SM8550", ERROR, "DeviceGone: dev-b vanished", "dev-b", 1.0,
-                       infra_log=["dev-b: DeviceGone"])]
-    out = write_reports(rows, tmp_path / "r", {})
-    assert _junit_counts(out / "junit-dev-a.xml") == (2, 1, 0)
-    assert _junit_counts(out / "junit-dev-b.xml") == (1, 0, 1)
-    # Rewriting replaces the report whole and leaves no staging directory behind.
-    write_reports(rows[:1], tmp_path / "r", {})
-    assert _junit_counts(out / "junit.xml") == (1, 0, 0)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
-
-
-def test_farm_qualify_cli_on_virtual_devices(tmp_path, tiny_bundle):
+def test_farm_qualify_on_a_virtual_device(tmp_path, tiny_bundle):
     out = tmp_path / "reports"
-    result = CliRunner().invoke(farm_main, ["qualify", "--virtual", "SM8650", "--bundle",
-                                            str(tiny_bundle), "--seq-len", "100", "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    assert _junit_counts(out / "junit.xml") == (4, 0, 0)
-    assert "reports:" in result.output
+    proc = _farm("qualify", "--virtual", "SM8650", "--bundle", str(tiny_bundle), "--out", str(out),
+                 "--", "-k", "device_answers or kv-story or kv-64-SmartMask", cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    assert "+ pytest " in proc.stderr  # the pytest run it is, for a user to repeat
+    names = sorted(c.name for c in junit_cases(out))
+    assert names == ["test_device_answers[SM8650]", "test_min_throughput[SM8650-kv-64-SmartMask]",
+                     "test_updaters_agree[SM8650-kv-story]"]
+    assert (out / "summary.md").read_text().startswith("# Qualification: PASS")
+    assert [p.name for p in out.rglob("*.xml")] == [p.name for p in (out / "junit").glob("*.xml")]
+    assert results_json(out)["meta"]["verdict"] == "pass"
 
 
 @pytest.mark.parametrize("args,needle", [(["--virtual", "SM9999"], "SM9999"),
-                                         (["--seq-len", "1"], "--seq-len"),
-                                         (["--priority", "urgent"], "urgent")])
-def test_farm_qualify_bad_input(args, needle, tmp_path, tiny_bundle):
-    result = CliRunner().invoke(farm_main, ["qualify", "--bundle", str(tiny_bundle), "--out",
-                                            str(tmp_path / "r"), *args])
-    assert result.exit_code == 2
-    assert needle in result.output
+                                         (["--virtual", "SM8650", "--soc", "SM8750"], "SM8750"),
+                                         (["--virtual", "SM8650", "--priority", "urgent"], "urgent"),
+                                         (["--bundle", "missing/manifest.json"], "manifest")])
+def test_farm_qualify_bad_input_is_exit_2(args, needle, tmp_path, tiny_bundle):
+    if "--bundle" not in args:
+        args = [*args, "--bundle", str(tiny_bundle)]
+    proc = _farm("qualify", "--out", str(tmp_path / "r"), *args, cwd=tmp_path)
+    assert proc.returncode == 2, explain(proc)
+    assert needle in proc.stdout + proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def _records() -> list[TestRecord]:
+    return [
+        TestRecord("suites/test_c.py::test_a[SM8650-kv-story]", Outcome.PASSED, "SM8650", "dev-a",
+                   properties={"tok_s.SmartMask": "10.0"}),
+        TestRecord("suites/test_c.py::test_a[SM8650-kv-short]", Outcome.FAILED, "SM8650", "dev-a",
+                   message="diverge at 3", error_type="Failed"),
+        TestRecord("suites/test_c.py::test_a[SM8550-kv-story]", Outcome.ERROR, "SM8550", "dev-b",
+                   message="DeviceGone: dev-b vanished", error_kind=ErrorKind.INFRA,
+                   error_type="DeviceGone", attempts=[Attempt("dev-c", "DeviceTimeout: hung")]),
+    ]
+
+
+def test_junit_keeps_failures_and_errors_apart_one_suite_per_device(tmp_path):
+    out = write_reports(_records(), tmp_path / "r", {"run_id": "r1", "git_revision": "abc"})
+    suites = {p.stem: ET.parse(p).getroot() for p in (out / "junit").glob("*.xml")}
+    assert set(suites) == {"dev-a", "dev-b"}
+    a, b = suites["dev-a"], suites["dev-b"]
+    assert (a.get("tests"), a.get("failures"), a.get("errors")) == ("2", "1", "0")
+    assert (b.get("tests"), b.get("failures"), b.get("errors")) == ("1", "0", "1")
+    assert b.find("testcase/error").get("message").startswith("infrastructure: DeviceGone")
+    assert "attempt 1: dev-c: DeviceTimeout: hung" in b.find("testcase/system-err").text
+    props = {p.get("name"): p.get("value") for p in a.find("properties")}
+    assert props["run_id"] == "r1" and props["git_revision"] == "abc"
+    # Rewriting replaces the report whole and leaves no staging directory behind.
+    write_reports(_records()[:1], tmp_path / "r", {})
+    assert [p.stem for p in (out / "junit").glob("*.xml")] == ["dev-a"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_verdicts_and_exit_codes(tmp_path):
+    records = _records()
+    assert verdict(records) == Verdict.FAIL  # a real defect wins over a dead device
+    assert verdict(records[2:]) == Verdict.INFRA_ERROR
+    usage = TestRecord("x", Outcome.ERROR, error_kind=ErrorKind.USAGE)
+    assert verdict([records[0], usage]) == Verdict.BAD_INPUT
+    assert verdict(records[:1]) == Verdict.PASS
+    assert verdict(records[:1], interrupted=True) == Verdict.INFRA_ERROR
+    out = write_reports(records[2:], tmp_path / "r", {})
+    assert exit_code(1, out / "results.json") == 3
+    assert exit_code(4, out / "results.json") == 2  # pytest usage error
+    assert exit_code(2, tmp_path / "missing.json") == 130
+    write_reports(records[:1], tmp_path / "r", {"partial": True, "interrupted": True})
+    assert exit_code(2, out / "results.json") == 130

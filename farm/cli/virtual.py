@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from farm.config import load_config
-from farm.errors import UsageError
+from farm.session import parse_soc_counts
 from farm.virtual import SOC_PROFILES, VirtualDeviceSpec, VirtualFarm
 from farm.virtual.identity import load_identity
 
@@ -18,35 +18,6 @@ def _farm(config_path: str | None) -> VirtualFarm:
     config = load_config(config_path)
     # Devices outlive this command: they are not tied to its pid; `farm virtual down` ends them.
     return VirtualFarm(home=config.home, adb_port=config.adb_servers[0].port, tie_to_owner=False)
-
-
-def parse_soc_counts(socs: tuple[str, ...], counts: tuple[int, ...]) -> list[tuple[str, int]]:
-    """Pair --soc and --count: ``--soc SM8650:2``; or one --count per --soc, in order; or a single
-    --count for every --soc. No --soc: one SM8650."""
-    if not socs:
-        socs = ("SM8650",)
-    if counts and len(counts) not in (1, len(socs)):
-        raise UsageError(f"--count given {len(counts)} times for {len(socs)} --soc: give one "
-                         f"--count per --soc, a single --count for all, or use --soc SOC:N")
-    pairs = []
-    for i, item in enumerate(socs):
-        soc, sep, n = item.partition(":")
-        soc = soc.strip().upper()
-        if soc not in SOC_PROFILES:
-            raise UsageError(f"--soc {item}: unknown SoC '{soc}' "
-                             f"(known: {', '.join(sorted(SOC_PROFILES))})")
-        if sep:
-            if counts:
-                raise UsageError(f"--soc {item}: give the count either as SOC:N or with --count")
-            if not n.isdigit() or int(n) < 1:
-                raise UsageError(f"--soc {item}: count after ':' must be a positive integer")
-            count = int(n)
-        else:
-            count = counts[i if len(counts) > 1 else 0] if counts else 1
-        if count < 1:
-            raise UsageError(f"--count {count}: must be at least 1")
-        pairs.append((soc, count))
-    return pairs
 
 
 @click.group("virtual")

@@ -132,11 +132,13 @@ class LeaseRequest:
     serial: str | None = None
     virtual: bool | None = None
     priority: int = 0
+    exclude: tuple[str, ...] = ()  # serials not to grant (e.g. the device an attempt just failed on)
 
     def __post_init__(self) -> None:
         # Accept lists and "v75" from callers, store one canonical form (it is also the queue's JSON).
         object.__setattr__(self, "socs", tuple(sorted({s.strip().upper() for s in self.socs})))
         object.__setattr__(self, "tags", tuple(sorted(set(self.tags))))
+        object.__setattr__(self, "exclude", tuple(sorted(set(self.exclude))))
         object.__setattr__(self, "min_htp_arch",
                            htp_arch_number(self.min_htp_arch, what="request min_htp_arch"))
         object.__setattr__(self, "priority", parse_priority(self.priority))
@@ -144,6 +146,8 @@ class LeaseRequest:
     def matches(self, device: DeviceRecord) -> bool:
         """Whether ``device``'s attributes satisfy this request (its state is not considered)."""
         if self.serial is not None and device.serial != self.serial:
+            return False
+        if device.serial in self.exclude:
             return False
         if self.socs and (device.soc or "").upper() not in self.socs:
             return False
@@ -167,6 +171,8 @@ class LeaseRequest:
             parts.append("tags " + ",".join(self.tags))
         if self.virtual is not None:
             parts.append("virtual" if self.virtual else "physical")
+        if self.exclude:
+            parts.append("not " + ",".join(self.exclude))
         return (" and ".join(parts) or "any device") + f" (priority {self.priority})"
 
     def to_json(self) -> str:
@@ -177,6 +183,7 @@ class LeaseRequest:
         raw = json.loads(text)
         raw["socs"] = tuple(raw.get("socs", ()))
         raw["tags"] = tuple(raw.get("tags", ()))
+        raw["exclude"] = tuple(raw.get("exclude", ()))
         return cls(**raw)
 
 

@@ -1,0 +1,140 @@
+"""Test results as the farm keeps them: one record per test, every attempt inside it.
+
+The pytest plugin turns pytest's reports into ``TestRecord``s and the report writers (farm.report) turn
+records into JUnit, Markdown and JSON. The outcome vocabulary keeps the two families of trouble apart:
+
+- ``failed``: the code under test is wrong (updaters diverge, throughput under its minimum, a runner
+  that crashed). JUnit ``<failure>``. Never retried.
+- ``error``: the farm could not give a verdict (device gone, adb error, timeout, pool down, or bad
+  input such as a case that cannot run). JUnit ``<error>``; infrastructure errors were retried first.
+
+``ResultLog`` appends each record to a JSON-lines file as the test finishes (flushed and fsynced), so a
+run that is killed still leaves every finished result behind for the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+
+class Outcome(StrEnum):
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    SKIPPED = "skipped"
+
+
+class ErrorKind(StrEnum):
+    """Why a record is an ``error``: the infrastructure failed, or the input cannot work."""
+
+    INFRA = "infra"
+    USAGE = "usage"
+
+
+class Verdict(StrEnum):
+    """A whole run. ``farm qualify`` exits 0, 1, 3, 2 for these (and 130 when interrupted)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INFRA_ERROR = "infra-error"
+    BAD_INPUT = "bad-input"
+
+    @property
+    def exit_code(self) -> int:
+        return {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.BAD_INPUT: 2, Verdict.INFRA_ERROR: 3}[self]
+
+
+@dataclass
+class Attempt:
+    """One try of a test that the infrastructure spoiled, before it was run again."""
+
+    serial: str | None
+    reason: str
+    duration_s: float = 0.0
+
+
+@dataclass
+class TestRecord:
+    __test__ = False  # not a pytest test class, despite its name
+    nodeid: str
+    outcome: Outcome
+    soc: str | None = None
+    serial: str | None = None
+    message: str = ""  # one line: why it failed, erred or was skipped
+    details: str = ""  # the long form (traceback, runner stderr tail)
+    error_kind: ErrorKind | None = None
+    error_type: str = ""  # exception class name, for JUnit's type attribute
+    duration_s: float = 0.0
+    attempts: list[Attempt] = field(default_factory=list)  # spoiled tries before this result
+    properties: dict[str, str] = field(default_factory=dict)  # htp_arch, bundle, tok/s, ...
+    finished_at: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.nodeid.rpartition("::")[2]
+
+    @property
+    def suite(self) -> str:
+        """The test module without directories and extension: ``test_correctness``."""
+        path = self.nodeid.partition("::")[0]
+        return Path(path).stem
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> TestRecord:
+        raw = dict(raw)
+        raw["outcome"] = Outcome(raw["outcome"])
+        raw["error_kind"] = ErrorKind(raw["error_kind"]) if raw.get("error_kind") else None
+        raw["attempts"] = [Attempt(**a) for a in raw.get("attempts", [])]
+        return cls(**raw)
+
+
+def verdict(records: list[TestRecord], *, interrupted: bool = False) -> Verdict:
+    """Failures win over errors: a real defect is reported as such even if a device also died."""
+    if any(r.outcome == Outcome.FAILED for r in records):
+        return Verdict.FAIL
+    errors = [r for r in records if r.outcome == Outcome.ERROR]
+    if any(r.error_kind == ErrorKind.USAGE for r in errors):
+        return Verdict.BAD_INPUT
+    if errors or interrupted:
+        return Verdict.INFRA_ERROR
+    return Verdict.PASS
+
+
+class ResultLog:
+    """Append-only JSON lines, one record per finished test, durable as soon as ``add`` returns."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def add(self, record: TestRecord) -> None:
+        self._file.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+    @staticmethod
+    def read(path: Path) -> list[TestRecord]:
+        """Every complete line; a line cut short by a kill is ignored (its test did not finish)."""
+        records = []
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return []
+        for line in lines:
+            try:
+                records.append(TestRecord.from_json(json.loads(line)))
+            except (json.JSONDecodeError, TypeError, KeyError, ValueError):
+                continue
+        return records

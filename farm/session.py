@@ -1,0 +1,188 @@
+"""Opening a farm for a run: adb servers, the pool, and (optionally) fresh virtual devices.
+
+Used by ``farm qualify`` and the pytest plugin alike, so that "bring up virtual devices, discover,
+sync the pool, pick SoCs" is written once:
+
+    with open_farm(config, virtual=[("SM8650", 2), ("SM8550", 1)], workdir=tmp) as farm:
+        farm.inventory()            # {"SM8550": 1, "SM8650": 2}: devices that can take work
+        farm.pick_socs(["SM8650"])  # checked against the inventory: an unknown SoC fails at once
+
+A ``FarmAddress`` is what another process (a pytest-xdist worker) needs to use the same farm without
+starting anything: the pool URL, the adb servers and the device workspace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from farm.config import AdbServerAddress, FarmConfig
+from farm.devices import DeviceInfo, scan_server
+from farm.errors import AdbError, UsageError
+from farm.pool import AVAILABLE, LEASED, Pool
+
+log = logging.getLogger(__name__)
+
+
+def parse_soc_counts(socs: Sequence[str], counts: Sequence[int] = ()) -> list[tuple[str, int]]:
+    """Pair SoCs and counts: ``SM8650:2``; or one count per SoC, in order; or a single count for
+    every SoC. No SoC at all: one SM8650."""
+    from farm.virtual import SOC_PROFILES
+
+    if not socs:
+        socs = ("SM8650",)
+    if counts and len(counts) not in (1, len(socs)):
+        raise UsageError(f"--count given {len(counts)} times for {len(socs)} --soc: give one "
+                         f"--count per --soc, a single --count for all, or use --soc SOC:N")
+    pairs = []
+    for i, item in enumerate(socs):
+        soc, sep, n = item.partition(":")
+        soc = soc.strip().upper()
+        if soc not in SOC_PROFILES:
+            raise UsageError(f"{item}: unknown SoC '{soc}' (known: {', '.join(sorted(SOC_PROFILES))})")
+        if sep:
+            if counts:
+                raise UsageError(f"{item}: give the count either as SOC:N or with --count")
+            if not n.isdigit() or int(n) < 1:
+                raise UsageError(f"{item}: count after ':' must be a positive integer")
+            count = int(n)
+        else:
+            count = counts[i if len(counts) > 1 else 0] if counts else 1
+        if count < 1:
+            raise UsageError(f"--count {count}: must be at least 1")
+        pairs.append((soc, count))
+    return pairs
+
+
+@dataclass(frozen=True)
+class FarmAddress:
+    """Enough to attach to an open farm from another process."""
+
+    pool_url: str
+    servers: tuple[str, ...]
+    workspace: str
+    virtual: bool = False
+    lease_ttl_s: float = 300.0
+    acquire_timeout_s: float = 600.0
+    command_timeout_s: float = 600.0
+    quarantine_after: int = 3
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> FarmAddress:
+        raw = json.loads(text)
+        raw["servers"] = tuple(raw["servers"])
+        return cls(**raw)
+
+    @property
+    def adb_servers(self) -> list[AdbServerAddress]:
+        return [AdbServerAddress.parse(s) for s in self.servers]
+
+    def open_pool(self) -> Pool:
+        return Pool.open(self.pool_url, quarantine_after=self.quarantine_after,
+                         default_ttl_s=self.lease_ttl_s, default_timeout_s=self.acquire_timeout_s)
+
+
+@dataclass
+class Farm:
+    """An open farm: its address, a pool handle, and the virtual devices it started (if any)."""
+
+    address: FarmAddress
+    pool: Pool
+    virtual_farm: object | None = None  # farm.virtual.VirtualFarm when the run started its own
+    unreachable: list[str] = field(default_factory=list)  # adb servers that did not answer
+
+    @property
+    def servers(self) -> list[AdbServerAddress]:
+        return self.address.adb_servers
+
+    def sync(self) -> list[DeviceInfo]:
+        """Discover every device of every server and merge it into the pool, once.
+
+        One rule for unreachable servers: their devices go offline in the pool, a warning names the
+        server, and only when no server answers is it an error (``AdbError``)."""
+        found: list[DeviceInfo] = []
+        reachable: list[AdbServerAddress] = []
+        self.unreachable = []
+        for server in self.servers:
+            scan = scan_server(server, workspace_root=self.address.workspace)
+            if scan.error:
+                log.warning("adb server %s: %s", server, scan.error)
+                self.unreachable.append(scan.error)
+                continue
+            reachable.append(server)
+            found.extend(scan.devices)
+        if not reachable:
+            raise AdbError("no adb server answered: " + "; ".join(self.unreachable))
+        self.pool.sync(found, reachable)
+        for server in self.servers:
+            if server not in reachable:  # its devices cannot be used: offline until it answers
+                self.pool.sync([], [server])
+        return found
+
+    def inventory(self) -> dict[str, int]:
+        """SoC -> devices that can take work now or soon (available or leased; not offline,
+        quarantined or absent)."""
+        counts: dict[str, int] = {}
+        for status in self.pool.status().devices:
+            d = status.device
+            if d.soc and d.present and d.state in (AVAILABLE, LEASED):
+                counts[d.soc] = counts.get(d.soc, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def pick_socs(self, wanted: Sequence[str]) -> list[str]:
+        """The SoCs a run covers: ``wanted`` (checked) or every SoC the pool can serve."""
+        have = self.inventory()
+        if not wanted:
+            if not have:
+                raise UsageError("the pool has no usable device with a known SoC: nothing to run on "
+                                 "(start virtual ones with --farm-virtual SM8650:2, or see `farm pool "
+                                 "status`)")
+            return list(have)
+        picked = list(dict.fromkeys(s.strip().upper() for s in wanted))
+        missing = [s for s in picked if s not in have]
+        if missing:
+            listed = ", ".join(f"{s} ({n})" for s, n in have.items()) or "no usable device"
+            raise UsageError(f"no device for SoC {', '.join(missing)} in the pool; it has: {listed}")
+        return picked
+
+
+@contextlib.contextmanager
+def open_farm(config: FarmConfig, *, virtual: Sequence[tuple[str, int]] = (),
+              workdir: Path | None = None) -> Iterator[Farm]:
+    """Open the configured farm, or with ``virtual`` a private one: fresh virtual devices on an adb
+    server of their own and a SQLite pool in ``workdir`` (a temporary directory by default), all
+    stopped on exit. Either way the pool is synced with what the adb servers see."""
+    with contextlib.ExitStack() as stack:
+        timeouts = dict(lease_ttl_s=config.pool.lease_ttl_s,
+                        acquire_timeout_s=config.pool.acquire_timeout_s,
+                        command_timeout_s=config.run.command_timeout_s,
+                        quarantine_after=config.pool.quarantine_after)
+        vf = None
+        if virtual:
+            from farm.virtual import VirtualDeviceSpec, VirtualFarm
+
+            specs = [VirtualDeviceSpec(soc=soc) for soc, n in virtual for _ in range(n)]
+            if workdir is None:
+                workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ptefarm-")))
+            workdir.mkdir(parents=True, exist_ok=True)
+            vf = stack.enter_context(VirtualFarm(home=workdir / "farm", adb_port=None))
+            vf.up(specs)
+            address = FarmAddress(pool_url=f"sqlite:///{workdir / 'pool.db'}",
+                                  servers=(str(vf.adb_server),), workspace=config.run.workspace,
+                                  virtual=True, **timeouts)
+        else:
+            address = FarmAddress(pool_url=config.pool.url,
+                                  servers=tuple(str(s) for s in config.adb_servers),
+                                  workspace=config.run.workspace, **timeouts)
+        pool = stack.enter_context(address.open_pool())
+        farm = Farm(address=address, pool=pool, virtual_farm=vf)
+        farm.sync()
+        yield farm

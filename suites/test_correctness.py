@@ -1,0 +1,67 @@
+"""Correctness: SmartMask and ShiftPointer give identical tokens at temperature 0, and outputs start
+with their golden prefixes where a bundle has them. Cases: suites/data/correctness.toml (or
+--farm-cases)."""
+
+from __future__ import annotations
+
+import pytest
+
+from farm.cases import golden_for
+from farm.errors import UsageError
+
+from ._data import bundle_goldens, correctness_points
+
+ASSISTANT_HEADER = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "point" not in metafunc.fixturenames:
+        return
+    points = correctness_points(metafunc.config)
+    if metafunc.definition.originalname == "test_matches_golden":
+        goldens = bundle_goldens(metafunc.config)
+        points = [p for p in points if golden_for(goldens, p.case.name, p.mode)]
+        if not points:
+            reason = "no golden prefix for any case (goldens.toml beside the manifest, or --farm-goldens)"
+            metafunc.parametrize("point", [pytest.param(None, id="no-goldens",
+                                                        marks=pytest.mark.skip(reason=reason))])
+            return
+    metafunc.parametrize("point", [pytest.param(p, id=p.id, marks=[pytest.mark.gate] if p.case.gate
+                                                else []) for p in points])
+
+
+def generated_text(text: str | None) -> str:
+    """outputs.txt echoes the chat prompt; the generation follows the last assistant header."""
+    text = text or ""
+    return text.rpartition(ASSISTANT_HEADER)[2] if ASSISTANT_HEADER in text else text
+
+
+@pytest.mark.release
+def test_updaters_agree(llm, point):
+    if len(llm.updaters) < 2:
+        pytest.skip(f"runner dialect {llm.bundle.runner_dialect!r} has only {llm.updaters[0]}: "
+                    "nothing to compare (test_matches_golden checks it against goldens)")
+    comparison = llm.compare(point.prompt(llm.bundle), mode=point.mode, seq_len=point.seq_len)
+    if not comparison.agree:
+        tails = "\n".join(f"  {u}: {generated_text(r.text)[:200]!r}"
+                          for u, r in comparison.results.items())
+        pytest.fail(f"{comparison.explain()}\ncontinuations:\n{tails}", pytrace=False)
+
+
+@pytest.mark.release
+def test_matches_golden(llm, point, goldens):
+    golden = golden_for(goldens, point.case.name, point.mode)
+    result = llm.generate(point.prompt(llm.bundle), updater=llm.updaters[0], mode=point.mode,
+                          seq_len=point.seq_len)
+    if golden.token_ids is not None:
+        if result.generated_ids is None:
+            raise UsageError(f"golden for {point.case.name!r} gives token ids, but runner dialect "
+                             f"{llm.bundle.runner_dialect!r} writes none: give a text_prefix")
+        got = result.generated_ids[:len(golden.token_ids)]
+        assert got == list(golden.token_ids), \
+            f"generated ids {got} do not start with the golden {list(golden.token_ids)}"
+    else:
+        text = generated_text(result.text)
+        expected = golden.text_prefix or ""
+        assert text.startswith(expected), \
+            f"output {text[:len(expected) + 40]!r} does not start with the golden {expected!r}"

@@ -1,0 +1,100 @@
+"""Throughput: tokens/second against the bundle's thresholds (minimums per SoC, mode, seq_len and
+updater; relative rules between updaters). Warm-up runs first, then N measured runs, all kept; the
+median is compared. Phones are first left to cool under --farm-max-temp (virtual devices are not).
+Figures from virtual devices are host-CPU figures and are marked virtual."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from farm.cases import RelativeRule, Thresholds
+
+from ._data import bundle_thresholds
+
+PHONE_MAX_TEMP_C = 40.0
+pytestmark = [pytest.mark.throughput, pytest.mark.release]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "point" not in metafunc.fixturenames:
+        return
+    th = bundle_thresholds(metafunc.config)
+    if metafunc.definition.originalname == "test_min_throughput":
+        points = sorted({(r.mode, r.seq_len, r.updater) for r in th.minimums}) if th else []
+        metafunc.parametrize("point", points, ids=[f"{m}-{s}-{u}" for m, s, u in points])
+    else:
+        rules = sorted({RelativeRule("*", r.mode, r.seq_len, r.faster, r.slower, 0.0)
+                        for r in th.relative}, key=str) if th else []
+        metafunc.parametrize("point", rules,
+                             ids=[f"{r.mode}-{r.seq_len}-{r.faster}-vs-{r.slower}" for r in rules])
+
+
+def iteration_rates(result) -> list[float]:
+    """tok/s of each iteration, as inference_speed.txt computes it (prefill included)."""
+    rates = []
+    for stats in result.observers:
+        start, end = stats.get("inference_start_ms"), stats.get("inference_end_ms")
+        n = stats.get("generated_tokens")
+        if isinstance(start, (int, float)) and isinstance(end, (int, float)) and n and end > start:
+            rates.append(n / ((end - start) / 1000.0))
+    return rates
+
+
+def measure(llm, farm, thresholds: Thresholds, *, mode: str, seq_len: int, updater: str) -> list[float]:
+    """The measured runs (warm-ups dropped). One runner invocation with --num_iters when the runner
+    reports every iteration; separate invocations otherwise."""
+    limit = farm.options.max_temp_c or (None if llm.device.virtual else PHONE_MAX_TEMP_C)
+    if limit is not None:
+        llm.device.wait_cool(limit, farm.options.cool_timeout_s)
+    total = thresholds.warmup + thresholds.runs
+    result = llm.generate(thresholds.prompt, updater=updater, mode=mode, seq_len=seq_len,
+                          num_iters=total)
+    rates = iteration_rates(result)
+    if len(rates) < total:
+        rates = []
+        for _ in range(total):
+            one = llm.generate(thresholds.prompt, updater=updater, mode=mode, seq_len=seq_len)
+            assert one.tokens_per_s is not None, "the runner wrote no inference_speed.txt"
+            rates.append(one.tokens_per_s)
+    measured = rates[thresholds.warmup:]
+    llm.record(f"tok_s.{updater}", f"{statistics.median(measured):.2f}")
+    llm.record(f"tok_s_runs.{updater}", " ".join(f"{r:.2f}" for r in measured))
+    return measured
+
+
+def _where(device) -> str:
+    return f"{device.serial} ({device.soc}{', virtual: host-CPU figures' if device.virtual else ''})"
+
+
+def test_min_throughput(llm, farm, thresholds, point):
+    mode, seq_len, updater = point
+    rule = thresholds.minimum(llm.device.soc, mode, seq_len, updater)
+    if rule is None:
+        pytest.skip(f"{thresholds.path}: no minimum for {llm.device.soc} at {mode}/{seq_len}/{updater}")
+    if updater not in llm.updaters:
+        pytest.skip(f"runner dialect {llm.bundle.runner_dialect!r} has no {updater}")
+    runs = measure(llm, farm, thresholds, mode=mode, seq_len=seq_len, updater=updater)
+    median = statistics.median(runs)
+    llm.record("threshold_tok_s", rule.tok_s)
+    assert median >= rule.tok_s, (
+        f"{updater} {mode} seq_len {seq_len} on {_where(llm.device)}: median {median:.1f} tok/s "
+        f"< minimum {rule.tok_s:g} (runs: {', '.join(f'{r:.1f}' for r in runs)})")
+
+
+def test_relative_throughput(llm, farm, thresholds, point):
+    rule = thresholds.relative_rule(llm.device.soc, point)
+    if rule is None:
+        pytest.skip(f"{thresholds.path}: no relative rule for {llm.device.soc}")
+    missing = [u for u in (rule.faster, rule.slower) if u not in llm.updaters]
+    if missing:
+        pytest.skip(f"runner dialect {llm.bundle.runner_dialect!r} has no {', '.join(missing)}")
+    fast = statistics.median(measure(llm, farm, thresholds, mode=rule.mode, seq_len=rule.seq_len,
+                                     updater=rule.faster))
+    slow = statistics.median(measure(llm, farm, thresholds, mode=rule.mode, seq_len=rule.seq_len,
+                                     updater=rule.slower))
+    floor = slow * (1 - rule.max_slowdown_pct / 100)
+    assert fast >= floor, (
+        f"{rule.faster} {fast:.1f} tok/s is more than {rule.max_slowdown_pct:g}% slower than "
+        f"{rule.slower} {slow:.1f} tok/s ({rule.mode}, seq_len {rule.seq_len}) on {_where(llm.device)}")
