@@ -1,8 +1,10 @@
 """Bundle manifests: the list of files a model needs on a device, with sizes and digests.
 
-A manifest is JSON, written by ``farm export`` for the reference llama or by hand for real QNN
-artifacts. Paths of files are relative to the manifest's directory; ``name`` is where the file lands
-in the device workspace (flat, as upstream's SimpleADB pushes them) and must stay inside it.
+A manifest is JSON, written by ``farm export`` for the reference llama or by ``farm bundle create`` for
+real QNN artifacts. ``path`` of a file is relative to the manifest's directory and must stay inside it
+(also through symlinks): a manifest cannot make the farm read, hash or push any other host file.
+``name`` is where the file lands in the device workspace (flat, as upstream's SimpleADB pushes them)
+and must stay inside it. ``verify_bundle`` checks sizes and sha256 (cached per process).
 
     {
       "format": "ptefarm-bundle/1",
@@ -27,6 +29,9 @@ import hashlib
 import json
 import os
 import posixpath
+import stat as stat_mod
+import threading
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,7 +117,7 @@ def describe_file(base: Path, path: Path, *, role: str, name: str | None = None,
                   htp_arch: str | None = None) -> BundleFile:
     path = Path(path).resolve()
     return BundleFile(name=name or path.name, path=path, size=path.stat().st_size,
-                      sha256=sha256_file(path), role=role, htp_arch=htp_arch)
+                      sha256=file_digest(path), role=role, htp_arch=htp_arch)
 
 
 def check_workspace_name(name: Any, where: str) -> str:
@@ -140,18 +145,66 @@ def _require(obj: dict, key: str, typ: type | tuple[type, ...], where: str) -> A
     return value
 
 
-def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
-    """Read and validate a manifest. ``verify`` also re-hashes every file (slow for big files)."""
-    manifest_path = Path(manifest_path)
-    where = str(manifest_path)
+def _optional(obj: dict, key: str, typ: type | tuple[type, ...], default: Any, where: str) -> Any:
+    """An optional field: absent (or null) gives ``default``, present must have the right type."""
+    if obj.get(key) is None:
+        return default
+    return _require(obj, key, typ, where)
+
+
+def _read_manifest(manifest_path: Path, where: str) -> Any:
     try:
-        raw = json.loads(manifest_path.read_text())
+        data = manifest_path.read_bytes()
     except FileNotFoundError:
         raise UsageError(f"{where}: manifest not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{where}: cannot read manifest: {e}") from None
+    except OSError as e:
+        raise UsageError(f"{where}: cannot read manifest: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{where}: manifest is not valid UTF-8 (byte 0x{data[e.start]:02x} at "
+                         f"offset {e.start})") from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"{where}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise UsageError(f"{where}: not valid JSON: nested too deeply") from None
+
+
+def _inside(path: Path, base: Path) -> bool:
+    return path == base or path.is_relative_to(base)
+
+
+def _host_path(base: Path, rel: Any, fwhere: str) -> Path:
+    """The host file of a ``files[i].path``: relative to the manifest's directory and inside it, also
+    after following symlinks."""
+    if not isinstance(rel, str) or not rel:
+        raise UsageError(f"{fwhere}: field 'path' must be a non-empty string, got {rel!r}")
+    if "\0" in rel:
+        raise UsageError(f"{fwhere}: field 'path' {rel!r} contains a NUL byte")
+    if os.path.isabs(rel):
+        raise UsageError(f"{fwhere}: field 'path' {rel!r} is absolute; files must be inside the "
+                         f"manifest's directory {base}")
+    try:
+        path = (base / rel).resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise UsageError(f"{fwhere}: field 'path' {rel!r} cannot be resolved: {e}") from None
+    if not _inside(path, base):
+        raise UsageError(f"{fwhere}: field 'path' {rel!r} resolves to {path}, outside the manifest's "
+                         f"directory {base}")
+    return path
+
+
+def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
+    """Read and validate a manifest; every error is one ``UsageError`` naming the file and field.
+
+    Every file must exist inside the manifest's directory with the manifest's size. ``verify`` also
+    checks the sha256 of every file (``verify_bundle``: hashed once per process while unchanged).
+    """
+    manifest_path = Path(manifest_path)
+    where = str(manifest_path)
+    raw = _read_manifest(manifest_path, where)
     if not isinstance(raw, dict):
         raise UsageError(f"{where}: manifest must be a JSON object")
     fmt = raw.get("format")
@@ -160,6 +213,9 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
     dialect = _require(raw, "runner_dialect", str, where)
     if dialect not in DIALECTS:
         raise UsageError(f"{where}: field 'runner_dialect' is {dialect!r}, expected one of {DIALECTS}")
+    name_field = _optional(raw, "name", str, manifest_path.parent.name, where)
+    decoder = _optional(raw, "decoder_model_version", str, "llama3", where)
+    model = _optional(raw, "model", dict, {}, where)
     base = manifest_path.parent.resolve()
     files: list[BundleFile] = []
     seen: set[tuple[str, str | None]] = set()
@@ -168,15 +224,14 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
         if not isinstance(entry, dict):
             raise UsageError(f"{fwhere}: must be an object")
         name = check_workspace_name(entry.get("name"), fwhere)
-        rel = entry.get("path", name)
-        if not isinstance(rel, str):
-            raise UsageError(f"{fwhere}: field 'path' must be a string")
-        path = (base / rel).resolve()
+        path = _host_path(base, entry.get("path", name), fwhere)
         size = _require(entry, "size", int, fwhere)
+        if size < 0:
+            raise UsageError(f"{fwhere}: field 'size' is negative ({size})")
         digest = _require(entry, "sha256", str, fwhere)
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
             raise UsageError(f"{fwhere}: field 'sha256' is not a lowercase hex sha256")
-        role = entry.get("role", "other")
+        role = _optional(entry, "role", str, "other", fwhere)
         if role not in ROLES:
             raise UsageError(f"{fwhere}: field 'role' is {role!r}, expected one of {ROLES}")
         htp_arch = entry.get("htp_arch")
@@ -190,8 +245,6 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
         actual = path.stat().st_size
         if actual != size:
             raise UsageError(f"{fwhere}: {path} is {actual} bytes, manifest says {size}")
-        if verify and sha256_file(path) != digest:
-            raise UsageError(f"{fwhere}: {path} does not match its sha256 in the manifest")
         files.append(BundleFile(name=name, path=path, size=size, sha256=digest, role=role,
                                 htp_arch=htp_arch))
     names = {f.name for f in files}
@@ -206,7 +259,10 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
         eval_mode = _require(m, "eval_mode", int, mwhere)
         if eval_mode not in (0, 1, 2):
             raise UsageError(f"{mwhere}: field 'eval_mode' is {eval_mode}, expected 0, 1 or 2")
-        modes[key] = Mode(pte=pte, eval_mode=eval_mode, ar_len=int(m.get("ar_len", 1)))
+        ar_len = _optional(m, "ar_len", int, 1, mwhere)
+        if ar_len < 1:
+            raise UsageError(f"{mwhere}: field 'ar_len' must be positive, got {ar_len}")
+        modes[key] = Mode(pte=pte, eval_mode=eval_mode, ar_len=ar_len)
     if not modes:
         raise UsageError(f"{where}: field 'modes' is empty")
     tokenizer = _require(raw, "tokenizer", str, where)
@@ -219,7 +275,71 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
     elif not isinstance(runner, str) or runner not in names:
         raise UsageError(f"{where}: field 'runner' must name one of the manifest's files "
                          f"for dialect {dialect!r}")
-    return Bundle(name=str(raw.get("name", manifest_path.parent.name)), runner_dialect=dialect,
-                  tokenizer=tokenizer, files=files, modes=modes, runner=runner,
-                  decoder_model_version=str(raw.get("decoder_model_version", "llama3")),
-                  model=dict(raw.get("model") or {}), manifest_path=manifest_path.resolve())
+    bundle = Bundle(name=name_field, runner_dialect=dialect, tokenizer=tokenizer, files=files,
+                    modes=modes, runner=runner, decoder_model_version=decoder, model=dict(model),
+                    manifest_path=manifest_path.resolve())
+    if verify:
+        verify_bundle(bundle)
+    return bundle
+
+
+# (path, size, mtime_ns, ctime_ns, inode, device) -> sha256 of the content at that identity
+RACY_NS = 1_000_000_000  # file times are coarse: a file changed this recently may change again unseen
+_digest_cache: dict[tuple[str, int, int, int, int, int], str] = {}
+_digest_lock = threading.Lock()
+
+
+def _identity(path: Path, st: os.stat_result) -> tuple[str, int, int, int, int, int]:
+    return (str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a host file, cached per process by (path, size, mtime_ns, ctime_ns, inode): a file
+    unchanged since it was last hashed is not read again. Not cached: a file that changed while being
+    hashed, or that changed less than ``RACY_NS`` before (a write in the same clock tick would not move
+    its times: "racily clean", as git calls it)."""
+    before = os.stat(path)
+    key = _identity(path, before)
+    with _digest_lock:
+        cached = _digest_cache.get(key)
+    if cached is not None:
+        return cached
+    started = time.time_ns()
+    digest = sha256_file(path)
+    settled = max(before.st_mtime_ns, before.st_ctime_ns) < started - RACY_NS
+    if settled and _identity(path, os.stat(path)) == key:
+        with _digest_lock:
+            _digest_cache[key] = digest
+    return digest
+
+
+def verify_bundle(bundle: Bundle) -> None:
+    """Check every file of the bundle against the manifest: still inside the manifest's directory,
+    a regular file, the manifest's size and sha256. ``UsageError`` names the file and, on a content
+    mismatch, both digests. Cheap to repeat in one process (see ``file_digest``)."""
+    where = str(bundle.manifest_path or bundle.name)
+    base = Path(bundle.manifest_path).resolve().parent if bundle.manifest_path else None
+    for i, f in enumerate(bundle.files):
+        fwhere = f"{where}: files[{i}] ({f.name})"
+        path = Path(f.path)
+        try:
+            resolved = path.resolve()
+            st = os.stat(path)
+        except (OSError, RuntimeError) as e:
+            raise UsageError(f"{fwhere}: cannot read {path}: {getattr(e, 'strerror', None) or e}") \
+                from None
+        if base is not None and not _inside(resolved, base):
+            raise UsageError(f"{fwhere}: {path} resolves to {resolved}, outside the manifest's "
+                             f"directory {base}")
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise UsageError(f"{fwhere}: {path} is not a regular file")
+        if st.st_size != f.size:
+            raise UsageError(f"{fwhere}: {path} is {st.st_size} bytes, manifest says {f.size} "
+                             f"(truncated or replaced)")
+        try:
+            actual = file_digest(path)
+        except OSError as e:
+            raise UsageError(f"{fwhere}: cannot read {path}: {e.strerror or e}") from None
+        if actual != f.sha256:
+            raise UsageError(f"{fwhere}: {path} has sha256 {actual}, manifest says {f.sha256} "
+                             f"(corrupted or changed)")

@@ -2,7 +2,8 @@
 
 Upstream has no test comparing the two updaters; this is the farm's own correctness check. It compares
 token ids when the runner writes them (the host runner does) and the output text bytes otherwise (a
-stock qnn_llama_runner writes only outputs.txt).
+stock qnn_llama_runner writes only outputs.txt). Two empty outputs (no text, or no generated token
+ids) are never an agreement: a runner that produced nothing has not shown anything.
 """
 
 from __future__ import annotations
@@ -35,12 +36,24 @@ class Comparison:
             return {u: r.generated_ids for u, r in self.results.items()}
         return {u: r.text_bytes or b"" for u, r in self.results.items()}
 
+    def _missing(self) -> list[str]:
+        return [u for u in UPDATER_PAIR if u not in self.results]
+
+    def _empty(self) -> list[str]:
+        """The updaters whose run produced nothing to compare (no generated ids / no output text)."""
+        seqs = self._sequences()
+        return [u for u in UPDATER_PAIR if u in seqs and not seqs[u]]
+
     @property
     def agree(self) -> bool:
+        if self._missing() or self._empty():
+            return False  # nothing produced is never an agreement
         seqs = list(self._sequences().values())
         return len(seqs) == len(UPDATER_PAIR) and all(s == seqs[0] for s in seqs)
 
     def first_divergence(self) -> int | None:
+        if self._missing():
+            return None
         a, b = (self._sequences()[u] for u in UPDATER_PAIR)
         for i, (x, y) in enumerate(zip(a, b)):
             if x != y:
@@ -48,13 +61,21 @@ class Comparison:
         return None if len(a) == len(b) else min(len(a), len(b))
 
     def explain(self) -> str:
+        where = f"on {self.serial} ({self.mode})"
+        if missing := self._missing():
+            return f"no result for {' and '.join(missing)} {where}: nothing to compare"
+        unit = "generated token ids" if self.compared_by == "token ids" else "output text"
+        if empty := self._empty():
+            which = "both" if len(empty) == len(UPDATER_PAIR) else empty[0]
+            return (f"{' and '.join(UPDATER_PAIR)} do not agree {where}: {which} produced no {unit} "
+                    f"(empty outputs are never an agreement)")
         if self.agree:
             n = len(self._sequences()[UPDATER_PAIR[0]])
             return f"{' and '.join(UPDATER_PAIR)} agree on {n} {self.compared_by.split()[-1]}"
         i = self.first_divergence()
         a, b = (self._sequences()[u] for u in UPDATER_PAIR)
         return (f"{UPDATER_PAIR[0]} and {UPDATER_PAIR[1]} diverge at {self.compared_by} index {i} "
-                f"on {self.serial} ({self.mode}): {a[i:i + 5]!r} vs {b[i:i + 5]!r}")
+                f"{where}: {a[i:i + 5]!r} vs {b[i:i + 5]!r}")
 
     def tok_s(self) -> dict[str, float | None]:
         return {u: r.tokens_per_s for u, r in self.results.items()}

@@ -20,12 +20,16 @@ farm runs on its own adb server on this host and an SQLite pool under the farm h
     command_timeout_s = 600
     workspace = "/data/local/tmp/ptefarm"
 
-Every key is validated at start-up; an error names the file and the key.
+Every key is validated at start-up; an error names the file, the line where the key is (when the
+file has it) and the key: ``farm.toml:7: key 'pool.lease_ttl_s' must be a finite positive number``.
+Numbers must be finite and positive (TOML allows ``inf`` and ``nan``; the farm does not).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,25 +92,80 @@ _KNOWN = {
     "run": {"command_timeout_s", "workspace"},
 }
 
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
+_KEY_PART = r"""(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')"""
+_ASSIGN = re.compile(rf"^\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*=")
+_PARENT = re.compile(r"(\.[^.\[\]]*|\[\d+\])$")
 
-def _check_keys(table: dict, section: str, where: str) -> None:
+
+def _dotted(key: str) -> str:
+    """``a . "b"`` -> ``a.b`` (a quoted part holding a dot stays one part, unquoted)."""
+    return ".".join(part.strip("\"'") for part in re.findall(_KEY_PART, key))
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Where each key and table of a TOML text is: ``{"pool": 3, "pool.lease_ttl_s": 5,
+    "adb_servers[1].port": 9}`` (1-based lines; the first occurrence wins). A plain line scan, good
+    enough to point at a key in an error message; multi-line strings may confuse it, never break it."""
+    lines: dict[str, int] = {}
+    table = ""
+    counts: dict[str, int] = {}
+    for number, line in enumerate(text.split("\n"), 1):
+        header = _HEADER.match(line)
+        if header:
+            name = _dotted(header.group(2))
+            if header.group(1) == "[[":
+                index = counts.get(name, 0)
+                counts[name] = index + 1
+                lines.setdefault(name, number)
+                table = f"{name}[{index}]"
+            else:
+                table = name
+            lines.setdefault(table, number)
+            continue
+        assign = _ASSIGN.match(line)
+        if assign:
+            key = _dotted(assign.group(1))
+            lines.setdefault(f"{table}.{key}" if table else key, number)
+    return lines
+
+
+class _Where:
+    """The file (and line, when the text is known) of a key, for error messages."""
+
+    def __init__(self, where: str, text: str | None = None):
+        self.where = where
+        self.lines = key_lines(text) if text else {}
+
+    def __call__(self, key: str = "") -> str:
+        probe = key
+        while probe:
+            if probe in self.lines:
+                return f"{self.where}:{self.lines[probe]}"
+            # in an inline table (pool = {...}) or array (adb_servers = [...]): the enclosing key
+            probe = _PARENT.sub("", probe, count=1) if _PARENT.search(probe) else ""
+        return self.where
+
+
+def _check_keys(table: dict, section: str, label: str, where: _Where) -> None:
     for key in table:
         if key not in _KNOWN[section]:
-            raise UsageError(f"{where}: unknown key '{section}.{key}' "
+            raise UsageError(f"{where(f'{label}.{key}')}: unknown key '{label}.{key}' "
                              f"(known: {', '.join(sorted(_KNOWN[section]))})")
 
 
-def _get(table: dict, section: str, key: str, typ: type | tuple, default: Any, where: str,
+def _get(table: dict, section: str, key: str, typ: type | tuple, default: Any, where: _Where,
          positive: bool = False) -> Any:
     if key not in table:
         return default
     value = table[key]
+    name = f"{section}.{key}"
     ok = isinstance(value, typ) and not isinstance(value, bool)
     if not ok:
-        raise UsageError(f"{where}: key '{section}.{key}' must be {_typename(typ)}, "
+        raise UsageError(f"{where(name)}: key '{name}' must be {_typename(typ)}, got {value!r}")
+    if positive and not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{where(name)}: key '{name}' must be a finite positive number, "
                          f"got {value!r}")
-    if positive and value <= 0:
-        raise UsageError(f"{where}: key '{section}.{key}' must be positive, got {value!r}")
     return value
 
 
@@ -116,61 +175,78 @@ def _typename(typ: type | tuple) -> str:
     return typ.__name__
 
 
+def finite_seconds(value: float | None, flag: str, *, allow_zero: bool = False) -> float | None:
+    """A duration given on the command line: finite and positive (or zero where that means "do not
+    wait"); ``None`` (not given) passes. ``UsageError`` names the flag."""
+    if value is None:
+        return None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        wanted = "a finite number >= 0" if allow_zero else "a finite positive number"
+        raise UsageError(f"{flag}: must be {wanted} of seconds, got {value!r}")
+    return value
+
+
 def default_pool_url(home: Path) -> str:
     return f"sqlite:///{home / 'pool.db'}"
 
 
-def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None = None) -> FarmConfig:
+def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None = None,
+              text: str | None = None) -> FarmConfig:
+    """Validate a parsed config; ``text`` (the TOML source) lets errors give the key's line."""
+    loc = _Where(where, text)
     for section in raw:
         if section not in _KNOWN:
-            raise UsageError(f"{where}: unknown section '{section}' "
+            raise UsageError(f"{loc(section)}: unknown section '{section}' "
                              f"(known: {', '.join(sorted(_KNOWN))})")
     farm_t = raw.get("farm", {})
     if not isinstance(farm_t, dict):
-        raise UsageError(f"{where}: 'farm' must be a table")
-    _check_keys(farm_t, "farm", where)
-    home = Path(_get(farm_t, "farm", "home", str, str(farm_home()), where)).expanduser()
+        raise UsageError(f"{loc('farm')}: 'farm' must be a table")
+    _check_keys(farm_t, "farm", "farm", loc)
+    home = Path(_get(farm_t, "farm", "home", str, str(farm_home()), loc)).expanduser()
 
     servers_raw = raw.get("adb_servers", [{}])
     if not isinstance(servers_raw, list) or not servers_raw:
-        raise UsageError(f"{where}: 'adb_servers' must be a non-empty array of tables")
+        raise UsageError(f"{loc('adb_servers')}: 'adb_servers' must be a non-empty array of tables")
     servers = []
     for i, s in enumerate(servers_raw):
+        label = f"adb_servers[{i}]"
         if not isinstance(s, dict):
-            raise UsageError(f"{where}: 'adb_servers[{i}]' must be a table")
-        _check_keys(s, "adb_servers", where)
-        host = _get(s, f"adb_servers[{i}]", "host", str, "127.0.0.1", where)
-        port = _get(s, f"adb_servers[{i}]", "port", int, DEFAULT_ADB_PORT, where, positive=True)
+            raise UsageError(f"{loc(label)}: '{label}' must be a table")
+        _check_keys(s, "adb_servers", label, loc)
+        host = _get(s, label, "host", str, "127.0.0.1", loc)
+        port = _get(s, label, "port", int, DEFAULT_ADB_PORT, loc, positive=True)
         if port > 65535:
-            raise UsageError(f"{where}: key 'adb_servers[{i}].port' must be <= 65535, got {port}")
+            raise UsageError(f"{loc(label + '.port')}: key '{label}.port' must be <= 65535, "
+                             f"got {port}")
         servers.append(AdbServerAddress(host, port))
 
     pool_t = raw.get("pool", {})
     if not isinstance(pool_t, dict):
-        raise UsageError(f"{where}: 'pool' must be a table")
-    _check_keys(pool_t, "pool", where)
-    url = _get(pool_t, "pool", "url", str, default_pool_url(home), where)
+        raise UsageError(f"{loc('pool')}: 'pool' must be a table")
+    _check_keys(pool_t, "pool", "pool", loc)
+    url = _get(pool_t, "pool", "url", str, default_pool_url(home), loc)
     if not url.startswith(("sqlite://", "postgresql://", "postgres://")):
-        raise UsageError(f"{where}: key 'pool.url' must start with sqlite:// or postgresql://, "
-                         f"got {url!r}")
+        raise UsageError(f"{loc('pool.url')}: key 'pool.url' must start with sqlite:// or "
+                         f"postgresql://, got {url!r}")
     pool = PoolConfig(
         url=url,
-        lease_ttl_s=float(_get(pool_t, "pool", "lease_ttl_s", (int, float), 300.0, where, True)),
+        lease_ttl_s=float(_get(pool_t, "pool", "lease_ttl_s", (int, float), 300.0, loc, True)),
         acquire_timeout_s=float(_get(pool_t, "pool", "acquire_timeout_s", (int, float), 600.0,
-                                     where, True)),
-        quarantine_after=_get(pool_t, "pool", "quarantine_after", int, 3, where, True),
+                                     loc, True)),
+        quarantine_after=_get(pool_t, "pool", "quarantine_after", int, 3, loc, True),
     )
     run_t = raw.get("run", {})
     if not isinstance(run_t, dict):
-        raise UsageError(f"{where}: 'run' must be a table")
-    _check_keys(run_t, "run", where)
+        raise UsageError(f"{loc('run')}: 'run' must be a table")
+    _check_keys(run_t, "run", "run", loc)
     run = RunConfig(
         command_timeout_s=float(_get(run_t, "run", "command_timeout_s", (int, float), 600.0,
-                                     where, True)),
-        workspace=_get(run_t, "run", "workspace", str, DEFAULT_WORKSPACE, where),
+                                     loc, True)),
+        workspace=_get(run_t, "run", "workspace", str, DEFAULT_WORKSPACE, loc),
     )
     if not run.workspace.startswith("/"):
-        raise UsageError(f"{where}: key 'run.workspace' must be an absolute device path")
+        raise UsageError(f"{loc('run.workspace')}: key 'run.workspace' must be an absolute device "
+                         f"path")
     return FarmConfig(home=home, adb_servers=servers, pool=pool, run=run, source=source)
 
 
@@ -186,10 +262,20 @@ def load_config(path: str | os.PathLike | None = None) -> FarmConfig:
                 raise UsageError(f"{p}: config file not found")
             continue
         try:
-            raw = tomllib.loads(p.read_text())
+            data = p.read_bytes()
+        except OSError as e:
+            raise UsageError(f"{p}: cannot read config: {e.strerror or e}") from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data[:e.start].count(b"\n") + 1
+            raise UsageError(f"{p}:{line}: config is not valid UTF-8 (byte 0x{data[e.start]:02x})") \
+                from None
+        try:
+            raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise UsageError(f"{p}: invalid TOML: {e}") from None
-        except OSError as e:
-            raise UsageError(f"{p}: cannot read config: {e}") from None
-        return from_dict(raw, where=str(p), source=p)
+        except RecursionError:
+            raise UsageError(f"{p}: invalid TOML: nested too deeply") from None
+        return from_dict(raw, where=str(p), source=p, text=text)
     return from_dict({})

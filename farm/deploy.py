@@ -16,7 +16,15 @@ at the price of reading every byte on the device (seconds per GB on a phone). ``
 because the record is only ever wrong through deliberate tampering or a broken clock.
 
 Each push goes to ``NAME.ptefarm-partial`` and is renamed by one ``mv`` after all pushes, so an
-interrupted deploy never leaves a half file under a real name; the next deploy deletes the leftovers.
+interrupted deploy never leaves a half file under a real name; the next deploy deletes the leftovers
+(also an adbd's own temp files such as ``.NAME.ptefarm-partial.ptefarm-partial-PID``, left by a killed
+device). The record is removed before the renames, so a deploy stopped half-way leaves no record that
+vouches for a file it replaced.
+
+The record holds only digests the deploy knows for the bytes on the device: for a pushed file the
+sha256 of the bytes actually streamed (hashed while pushing; a host file whose bytes differ from the
+manifest's digest is refused, ``UsageError`` naming it and both digests, and is not recorded), for a
+kept file the digest the device's ``sha256sum`` reported or the previous record's.
 The record is written the same way (push to a temp name, ``mv``). Pushed files get an mtime two seconds
 in the past (the sync protocol lets the pusher choose it), the record the present: the record is then
 strictly newer than every file, and any later edit on the device moves a file's mtime away from the
@@ -26,6 +34,7 @@ deploy, which hashes them once and rewrites the record: slower, never wrong.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import posixpath
@@ -36,8 +45,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from farm.bundle import Bundle, BundleFile, check_workspace_name
-from farm.devices import Device, parse_df, split_sections
-from farm.errors import AdbError, UsageError
+from farm.devices import Device, parse_df
+from farm.errors import AdbError, InfraError, UsageError
 
 RECORD_NAME = ".ptefarm-deploy.json"
 PARTIAL_SUFFIX = ".ptefarm-partial"
@@ -67,6 +76,25 @@ class DeployReport:
                 f"{self.seconds:.2f} s -> {self.workspace}")
 
 
+class _HashingReader:
+    """A binary file whose bytes are hashed as ``Device.push`` reads them."""
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.hash = hashlib.sha256()
+
+    def readinto(self, buf) -> int:
+        n = self.raw.readinto(buf)
+        if n:
+            self.hash.update(memoryview(buf)[:n])
+        return n or 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.hash.update(data)
+        return data
+
+
 @dataclass(frozen=True)
 class _Remote:
     size: int
@@ -94,7 +122,7 @@ def select_files(bundle: Bundle, device: Device) -> list[BundleFile]:
     seen: set[str] = set()
     for i, f in enumerate(files):
         name = check_workspace_name(f.name, f"{where}: files[{i}]")
-        if name != f.name or name.endswith(PARTIAL_SUFFIX) or name == RECORD_NAME:
+        if name != f.name or PARTIAL_SUFFIX in name or name == RECORD_NAME:
             raise UsageError(f"{where}: file name {f.name!r} is not a plain workspace name")
         if name in seen:
             raise UsageError(f"{where}: two files named {name!r} for HTP arch {arch}")
@@ -108,9 +136,34 @@ def select_files(bundle: Bundle, device: Device) -> list[BundleFile]:
     return files
 
 
+def _where(bundle: Bundle) -> str:
+    return str(bundle.manifest_path or bundle.name)
+
+
+def _discard(device: Device, remote: str, timeout: float) -> None:
+    """Remove a pushed temp file, best effort (the next deploy removes leftovers anyway)."""
+    try:
+        device.shell(shlex.join(["rm", "-f", "--", remote]), timeout=timeout)
+    except InfraError:
+        pass
+
+
+def _sections(output: str) -> dict[str, str]:
+    """``@@name`` sections of a probe's output, split on newlines only: a file name may hold U+2028
+    or other characters ``str.splitlines`` would split on (devices.split_sections does)."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in output.split("\n"):
+        if line.startswith("@@"):
+            current = sections.setdefault(line[2:].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return {k: "\n".join(v) for k, v in sections.items()}
+
+
 def _parse_stat(text: str) -> dict[str, _Remote]:
     found: dict[str, _Remote] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         parts = line.split(" ", 2)
         if len(parts) == 3 and parts[0].isdigit() and parts[1].lstrip("-").isdigit():
             found[parts[2]] = _Remote(int(parts[0]), int(parts[1]))
@@ -119,7 +172,7 @@ def _parse_stat(text: str) -> dict[str, _Remote]:
 
 def _parse_sha256sum(text: str) -> dict[str, str]:
     digests: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         escaped = line.startswith("\\")  # coreutils escapes names containing \ or newline
         if escaped:
             line = line[1:]
@@ -163,19 +216,20 @@ def deploy(device: Device, bundle: Bundle, *, verify: Verify = "fast",
     # 1. One call: create the workspace, drop leftovers of interrupted pushes, stat, read the record.
     probe = device.shell(
         f"mkdir -p {qws} && cd {qws} && "
-        f"{{ find . -name {shlex.quote('*' + PARTIAL_SUFFIX)} -type f -exec rm -f {{}} + ; "
+        f"{{ find . -name {shlex.quote('*' + PARTIAL_SUFFIX + '*')} -type f -exec rm -f {{}} + ; "
         f"echo @@stat; {stat_args} 2>/dev/null; echo @@record; cat {RECORD_NAME} 2>/dev/null; "
         f"echo; echo @@df; df -k . 2>/dev/null; true; }}", timeout=timeout)
     if probe.exit_code != 0:
         raise AdbError(f"device {device.serial}: cannot create workspace {ws}: {probe.err.strip()}",
                        serial=device.serial)
-    sections = split_sections(probe.out)
+    sections = _sections(probe.out)
     remote = _parse_stat(sections.get("stat", ""))
     record = _load_record(sections.get("record", ""))
     record_file = remote.pop(RECORD_NAME, None)
 
     to_push: list[BundleFile] = []
     to_hash: list[BundleFile] = []
+    known: dict[str, str] = {}  # name -> sha256 of the bytes the device holds (or will hold)
     for f in files:
         r = remote.get(f.name)
         if r is None or r.size != f.size:
@@ -183,10 +237,13 @@ def deploy(device: Device, bundle: Bundle, *, verify: Verify = "fast",
             continue
         entry = record.get(f.name) or {}
         trusted = (verify == "fast" and record_file is not None and entry.get("size") == r.size
-                   and entry.get("mtime") == r.mtime and r.mtime < record_file.mtime)
+                   and entry.get("mtime") == r.mtime and r.mtime < record_file.mtime
+                   and isinstance(entry.get("sha256"), str))
         if trusted:
             if entry.get("sha256") != f.sha256:
                 to_push.append(f)  # the record knows the device holds other content
+            else:
+                known[f.name] = entry["sha256"]
         else:
             to_hash.append(f)
 
@@ -196,30 +253,52 @@ def deploy(device: Device, bundle: Bundle, *, verify: Verify = "fast",
         hashed = device.shell(f"cd {qws} && {sha_args}", timeout=hash_timeout)
         digests = _parse_sha256sum(hashed.out)
         report.files_hashed = len(to_hash)
-        to_push.extend(f for f in to_hash if digests.get(f.name) != f.sha256)
+        for f in to_hash:
+            if digests.get(f.name) == f.sha256:
+                known[f.name] = f.sha256
+            else:
+                to_push.append(f)
     pushing = {f.name for f in to_push}
     report.files_skipped = len(files) - len(pushing)
 
     need = sum(f.size for f in to_push)
     free = parse_df(sections.get("df", ""))
     if free is not None and need > free:
-        raise AdbError(f"device {device.serial}: {ws} has {free} bytes free, deploy needs {need}",
-                       serial=device.serial)
+        raise AdbError(f"device {device.serial}: {ws} has {free} bytes free, deploy needs {need} "
+                       f"bytes", serial=device.serial)
     if on_plan:
         on_plan(need)
 
     # 3. Push every changed file under a temporary name, dated a little in the past (see above).
     file_mtime = int(time.time()) - 2
+    left = need
     for f in files:
         if f.name not in pushing:
             continue
         mode = 0o755 if f.role == "runner" else 0o644
         progress = (lambda n, _name=f.name: on_progress(_name, n)) if on_progress else None
-        with open(f.path, "rb") as src:
-            sent = device.push(src, posixpath.join(ws, f.name + PARTIAL_SUFFIX), mode=mode,
-                               timeout=timeout, on_bytes=progress, mtime=file_mtime)
-        if sent != f.size:
-            raise UsageError(f"{f.path} changed while being pushed ({sent} bytes, manifest says {f.size})")
+        partial = posixpath.join(ws, f.name + PARTIAL_SUFFIX)
+        try:
+            with open(f.path, "rb") as raw:
+                src = _HashingReader(raw)
+                sent = device.push(src, partial, mode=mode, timeout=timeout, on_bytes=progress,
+                                   mtime=file_mtime)
+        except AdbError as e:
+            if "space" not in str(e).lower():
+                raise
+            raise AdbError(f"device {device.serial}: storage full in {ws}: deploy needs {need} bytes, "
+                           f"{left} of them not yet written when pushing {f.name} failed ({e})",
+                           serial=device.serial) from None
+        except OSError as e:  # the host file, not the device (Device.push maps its own errors)
+            raise UsageError(f"{_where(bundle)}: cannot read {f.path}: {e.strerror or e}") from None
+        pushed_digest = src.hash.hexdigest()
+        if sent != f.size or pushed_digest != f.sha256:
+            _discard(device, partial, timeout)
+            raise UsageError(f"{_where(bundle)}: {f.path} changed or is corrupt: pushed {sent} bytes "
+                             f"with sha256 {pushed_digest}, manifest says {f.size} bytes with sha256 "
+                             f"{f.sha256}; not deployed")
+        known[f.name] = pushed_digest
+        left -= sent
         report.files_pushed += 1
         report.bytes_pushed += sent
         report.pushed.append(f.name)
@@ -229,17 +308,19 @@ def deploy(device: Device, bundle: Bundle, *, verify: Verify = "fast",
         return report  # nothing changed, nothing learned: the record stands
 
     # 4. Rename into place, make the runner executable, and stat again for the record.
-    commands = [f"cd {qws}"]
+    # The old record goes first: should the renames stop half-way, no record vouches for a file.
+    commands = [f"cd {qws}", shlex.join(["rm", "-f", "--", RECORD_NAME])]
     commands += [shlex.join(["mv", "-f", "--", f.name + PARTIAL_SUFFIX, f.name])
                  for f in files if f.name in pushing]
     commands += [shlex.join(["chmod", "755", "--", f.name]) for f in files if f.role == "runner"]
     commands += ["echo @@stat", shlex.join(["stat", "-c", "%s %Y %n", "--", *names])]
     finish = device.shell(" && ".join(commands), timeout=timeout, check=True)
-    remote = _parse_stat(split_sections(finish.out).get("stat", ""))
+    remote = _parse_stat(_sections(finish.out).get("stat", ""))
 
     # 5. The record, atomically.
-    entries = {f.name: {"sha256": f.sha256, "size": f.size, "mtime": remote[f.name].mtime}
-               for f in files if f.name in remote}
+    entries = {f.name: {"sha256": known[f.name], "size": f.size, "mtime": remote[f.name].mtime}
+               for f in files if f.name in remote and f.name in known
+               and remote[f.name].size == f.size}
     body = json.dumps({"bundle": bundle.name, "files": entries}, sort_keys=True).encode()
     device.push(io.BytesIO(body), posixpath.join(ws, RECORD_NAME + PARTIAL_SUFFIX), timeout=timeout)
     device.shell(f"cd {qws} && " + shlex.join(["mv", "-f", "--", RECORD_NAME + PARTIAL_SUFFIX,

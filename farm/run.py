@@ -5,9 +5,13 @@ per-run directory ``runs/<run id>/``; its files are pulled, parsed and the direc
 
 Errors keep their families apart:
 - the runner exited non-zero -> ``RunnerFailed``: the code under test failed (a test failure, not infra);
+  its message carries the exit code and the last lines of stderr, ``.result`` the whole of it;
+- the runner exited 0 but left no outputs.txt, an empty one, or (for dialects that write token ids) no
+  generated tokens -> ``RunIncomplete``: an error of the run, never a pass;
 - the device vanished, adb failed, or the runner hung past the timeout -> ``InfraError``
   (``DeviceGone``, ``AdbError``, ``DeviceTimeout``). On a timeout the runner is killed: closing the
-  shell stream makes adbd hang up on it, and the recorded pid is killed as well for adbds that do not.
+  shell stream makes adbd hang up on it, and the recorded pid is killed as well for adbds that do not;
+  then the run's directory is removed (best effort).
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ from typing import Any
 from farm.bundle import Bundle
 from farm.deploy import bundle_workspace
 from farm.devices import Device
-from farm.errors import DeviceTimeout, FarmError, InfraError
+from farm.errors import DeviceTimeout, FarmError, InfraError, RunIncomplete
 from farm.runprofile import RunnerCommand, RunRequest, build_command, kill_command
 
 OBSERVER_RE = re.compile(r"PyTorchObserver\s+(\{.*\})")
 KILL_TIMEOUT_S = 15.0
+STDERR_TAIL_LINES = 5
 
 
 @dataclass
@@ -147,6 +152,36 @@ def parse_token_ids(text: str | None) -> tuple[list[int] | None, list[int] | Non
     return ids("prompt_ids"), ids("generated_ids")
 
 
+def stderr_tail(result: RunResult, lines: int = STDERR_TAIL_LINES, width: int = 300) -> str:
+    """The last ``lines`` non-blank lines of stderr (stdout when stderr is empty), on one line."""
+    text = result.stderr.strip() or result.stdout.strip()
+    tail = [line.strip()[:width] for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(tail) if tail else "no output"
+
+
+def check_complete(result: RunResult, command: RunnerCommand) -> None:
+    """A runner that exited 0 must have left outputs.txt with content and, when the dialect writes
+    token ids, at least one generated token; otherwise ``RunIncomplete``."""
+    missing = ""
+    if result.text_bytes is None:
+        missing = f"no {command.outputs['outputs']}"
+    elif not result.text_bytes:
+        missing = f"an empty {command.outputs['outputs']}"
+    elif "token_ids" in command.outputs:
+        name = command.outputs["token_ids"]
+        if result.generated_ids is None:
+            missing = f"no readable {name}"
+        elif not result.generated_ids:
+            missing = f"no generated tokens in {name}"
+    if missing:
+        tail = stderr_tail(result)
+        raise RunIncomplete(
+            f"runner on {result.serial} exited {result.exit_code} but left {missing} in "
+            f"{command.out_dir} ({result.mode}/{result.updater}); stderr: {tail}",
+            serial=result.serial, exit_code=result.exit_code, missing=missing, stderr_tail=tail,
+            result=result)
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(4)
 
@@ -167,7 +202,8 @@ def run(device: Device, bundle: Bundle, request: RunRequest, *, timeout: float =
     """Run ``request`` with the bundle already deployed (farm.deploy) on ``device``.
 
     ``timeout`` bounds the runner; ``io_timeout`` every other device call. With ``local_dir`` the
-    pulled output files are also written there. Raises ``RunnerFailed`` for a non-zero exit.
+    pulled output files are also written there. Raises ``RunnerFailed`` for a non-zero exit,
+    ``RunIncomplete`` for a zero exit without outputs.
     """
     workspace = bundle_workspace(device, bundle)
     command = build_command(bundle, request, workspace, run_id or new_run_id())
@@ -175,8 +211,11 @@ def run(device: Device, bundle: Bundle, request: RunRequest, *, timeout: float =
     try:
         shell = device.shell(command.shell, timeout=timeout)
     except DeviceTimeout:
+        cleanup = kill_command(command)
+        if not keep_remote:
+            cleanup = f"{{ {cleanup}; }}; rm -rf {shlex.quote(command.out_dir)}"
         try:
-            device.shell(kill_command(command), timeout=KILL_TIMEOUT_S)
+            device.shell(cleanup, timeout=KILL_TIMEOUT_S)
         except InfraError:
             pass  # the device may be unusable now; the timeout is what we report
         raise
@@ -205,7 +244,7 @@ def run(device: Device, bundle: Bundle, request: RunRequest, *, timeout: float =
         observers=parse_observers(shell.out), prompt_ids=prompt_ids, generated_ids=generated_ids,
         local_dir=local_dir)
     if shell.exit_code != 0:
-        last = (shell.err.strip() or shell.out.strip()).splitlines()[-1:] or ["no output"]
-        raise RunnerFailed(f"runner on {device.serial} exited {shell.exit_code}: {last[0][:300]}",
-                           result)
+        raise RunnerFailed(f"runner on {device.serial} exited {shell.exit_code}: "
+                           f"{stderr_tail(result)}", result)
+    check_complete(result, command)
     return result

@@ -87,10 +87,26 @@ def test_failing_runner_is_runner_failed_not_infra(fake):
 def test_hung_runner_is_killed_at_the_timeout(fake):
     _, device, bundles = fake
     bundle = bundles["qnn-v1.0"]
-    with pytest.raises(DeviceTimeout):
-        run(device, bundle, RunRequest(prompts=["HANG"]), timeout=2, run_id="hang-1")
-    pidfile = Path(bundle_workspace(device, bundle)) / "runs" / "hang-1" / "runner.pid"
-    pid = int(pidfile.read_text())
+    run_dir = Path(bundle_workspace(device, bundle)) / "runs" / "hang-1"
+    pids: list[int] = []
+
+    def read_pid() -> None:  # the run dir is removed after the kill: read the pid while it runs
+        deadline = time.monotonic() + 30
+        while not pids and time.monotonic() < deadline:
+            try:
+                pids.append(int((run_dir / "runner.pid").read_text()))
+            except (OSError, ValueError):
+                time.sleep(0.05)
+
+    reader = threading.Thread(target=read_pid)
+    reader.start()
+    try:
+        with pytest.raises(DeviceTimeout):
+            run(device, bundle, RunRequest(prompts=["HANG"]), timeout=2, run_id="hang-1")
+    finally:
+        reader.join()
+    assert not run_dir.exists(), "the timed-out run's directory is left on the device"
+    (pid,) = pids
     deadline = time.monotonic() + 10
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -20,15 +21,33 @@ from rich.progress import (
 from rich.table import Table
 
 from farm import bundle as bundle_mod
-from farm.config import FarmConfig, load_config
+from farm.config import FarmConfig, finite_seconds, load_config
 from farm.deploy import VERIFY_LEVELS, DeployReport, deploy
 from farm.devices import Device, DeviceInfo, find_device, scan_server
+from farm.errors import UsageError
 from farm.run import RunnerFailed, RunResult, run
 from farm.runprofile import UPDATERS, RunRequest
 
 config_option = click.option("--config", "config_path", type=click.Path(dir_okay=False),
                              default=None, help="farm.toml (default: $PTEFARM_CONFIG, ./farm.toml)")
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON instead of text")
+
+
+def _check_timeout(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    return finite_seconds(value, "--timeout")
+
+
+def _check_text(flag: str, text: str | None) -> None:
+    """Command-line text must be valid UTF-8: an undecodable byte reaches Python as a lone surrogate,
+    which no device command can carry. One line naming the flag, not a traceback."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else repr(bad)
+        raise UsageError(f"{flag}: not valid UTF-8 ({byte} at character {e.start})") from None
 
 
 def _gb(n: int | None) -> str:
@@ -112,7 +131,7 @@ def deploy_cmd(manifest: str, serial: str, verify: str, config_path: str | None,
                as_json: bool) -> None:
     """Push a bundle to a device's workspace, skipping files it already holds."""
     config = load_config(config_path)
-    bundle = bundle_mod.load(manifest)
+    bundle = bundle_mod.load(manifest, verify=True)  # sizes, sha256, paths: before any device
     device = _open_device(config, serial)
     report = _deploy_with_progress(device, bundle, verify, timeout=min(config.run.command_timeout_s, 120.0),
                                    quiet=as_json)
@@ -139,7 +158,8 @@ def _print_result(result: RunResult) -> None:
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--num-iters", type=int, default=1, show_default=True)
 @click.option("--seed", type=int, default=None)
-@click.option("--timeout", type=float, default=None, help="runner timeout, s (default: config)")
+@click.option("--timeout", type=float, default=None, callback=_check_timeout,
+              help="runner timeout, s (default: config)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="also keep the pulled output files here")
 @click.option("--no-deploy", is_flag=True, help="run what the device holds (no deploy check)")
@@ -150,8 +170,15 @@ def run_cmd(manifest: str, serial: str, prompts: tuple[str, ...], system_prompt:
             seed: int | None, timeout: float | None, out_dir: str | None, no_deploy: bool,
             config_path: str | None, as_json: bool) -> None:
     """Deploy a bundle (cached) and run its runner on a device; prints the generated text."""
+    for prompt in prompts:
+        _check_text("--prompt", prompt)
+    _check_text("--system-prompt", system_prompt)
+    if not math.isfinite(temperature):
+        raise UsageError(f"--temperature: must be a finite number, got {temperature!r}")
     config = load_config(config_path)
     bundle = bundle_mod.load(manifest)
+    if not no_deploy:
+        bundle_mod.verify_bundle(bundle)  # a corrupt or changed file is refused before any device
     request = RunRequest(prompts=list(prompts), mode=mode, updater=updater,
                          system_prompt=system_prompt, seq_len=seq_len, temperature=temperature,
                          num_iters=num_iters, seed=seed)

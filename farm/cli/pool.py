@@ -20,9 +20,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from farm.config import FarmConfig, load_config
+from farm.config import FarmConfig, finite_seconds, load_config
 from farm.errors import AdbError
 from farm.pool import Event, Holder, LeaseRequest, Pool, PoolStatus
+
+
+def _seconds(flag: str, *, allow_zero: bool = False):
+    """A click callback: the flag's value must be a finite positive number (UsageError, one line)."""
+    return lambda ctx, param, value: finite_seconds(value, flag, allow_zero=allow_zero)
 
 
 def _config(ctx: click.Context) -> FarmConfig:
@@ -134,8 +139,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
 @click.option("--virtual/--physical", "virtual", default=None, help="Only virtual / physical devices.")
 @click.option("--priority", default="adhoc", show_default=True,
               help="release, nightly, pr, adhoc, or an integer; higher is served first.")
-@click.option("--ttl", type=float, default=None, help="Lease TTL in seconds (default: config).")
-@click.option("--timeout", type=float, default=None, help="Wait at most this long (default: config).")
+@click.option("--ttl", type=float, default=None, callback=_seconds("--ttl"),
+              help="Lease TTL in seconds (default: config).")
+@click.option("--timeout", type=float, default=None, callback=_seconds("--timeout", allow_zero=True),
+              help="Wait at most this long, 0: do not wait (default: config).")
 @click.option("--purpose", default="", help="Shown to others in status and timeout errors.")
 @click.option("--format", "fmt", type=click.Choice(["token", "env", "json"]), default="token",
               show_default=True, help="token: the token only; env: shell assignments; json.")
@@ -161,7 +168,8 @@ def lease(ctx: click.Context, socs: tuple[str, ...], min_htp: str | None, tags: 
 
 @pool.command()
 @click.argument("token")
-@click.option("--ttl", type=float, default=None, help="New TTL from now (default: config).")
+@click.option("--ttl", type=float, default=None, callback=_seconds("--ttl"),
+              help="New TTL from now (default: config).")
 @click.pass_context
 def renew(ctx: click.Context, token: str, ttl: float | None) -> None:
     """Extend a lease taken with 'farm pool lease'."""

@@ -59,8 +59,21 @@ def _write_atomic(path: str, data: bytes, flag: str) -> None:
         raise UsageError(f"--{flag}: cannot write {path}: {e.strerror}") from None
 
 
+def _check_utf8(flag: str, text: str) -> None:
+    """An argv byte that is not UTF-8 arrives as a lone surrogate; say so instead of a traceback."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = ord(text[e.start])
+        byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"U+{bad:04X}"
+        raise UsageError(f"--{flag}: not valid UTF-8 ({byte} at character {e.start})") from None
+
+
 def run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    for prompt in args.prompt or []:
+        _check_utf8("prompt", prompt)
+    _check_utf8("system_prompt", args.system_prompt)
     if args.num_iters < 1:
         raise UsageError(f"--num_iters: must be at least 1, got {args.num_iters}")
     from farm.runner.engine import LlamaRunner, updater_class
