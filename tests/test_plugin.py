@@ -328,3 +328,31 @@ def test_sigint_releases_leases_and_writes_a_partial_report(virtual_farm, tiny_b
     assert outcomes["test_slow[SM8650-0]"] == "passed"  # finished before the signal: kept
     with Pool.open(_pool_url(tmp_path)) as pool:
         assert [d.lease for d in pool.status().devices] == [None]  # released, not left to its TTL
+
+
+CRASHER = """
+import os
+
+def test_crash_once(device):
+    if not os.path.exists(os.environ["CRASHED_MARKER"]):
+        open(os.environ["CRASHED_MARKER"], "w").write(device.serial)
+        os._exit(1)  # the xdist worker dies mid-test, holding its lease
+
+def test_other(device):
+    pass
+"""
+
+
+def test_a_crashed_workers_test_runs_again_elsewhere(tiny_bundle, tmp_path):
+    (tmp_path / "test_crasher.py").write_text(CRASHER)
+    config = tmp_path / "farm.toml"
+    config.write_text("[pool]\nlease_ttl_s = 3\n")  # the dead worker's lease comes back quickly
+    out = tmp_path / "out"
+    proc = run_pytest(["test_crasher.py", "-n", "2", "--farm-virtual", "SM8650:2", "--farm-config",
+                       str(config), "--farm-bundle", str(tiny_bundle), "--farm-out", str(out)],
+                      cwd=tmp_path, env={"CRASHED_MARKER": str(tmp_path / "crashed")})
+    records = {r["nodeid"].rpartition("::")[2]: r for r in results_json(out)["results"]}
+    assert records["test_crash_once[SM8650]"]["outcome"] == "passed", explain(proc)
+    assert "crashed" in records["test_crash_once[SM8650]"]["attempts"][0]["reason"]
+    assert records["test_other[SM8650]"]["outcome"] == "passed"
+    assert results_json(out)["meta"]["verdict"] == "pass"
