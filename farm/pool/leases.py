@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from farm.config import FarmConfig
-from farm.errors import LeaseError, LeaseTimeout, PoolError
+from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError
 from farm.pool import health
 from farm.pool.model import (
     AVAILABLE,
@@ -63,6 +63,21 @@ DEFAULT_POLL_S = 0.05
 # notifications; a killed holder's device is then reclaimed within this much after its TTL.
 PUSHED_POLL_S = 1.0
 MAX_DESCRIBED_DEVICES = 12
+# Fencing: a holder trusts its lease until (start of the last successful acquire/renew) + the lease's
+# remaining time, minus this margin (at most a tenth of the TTL), on its own clock: see Lease.check.
+FENCE_MARGIN_S = 1.0
+# CLOCK_BOOTTIME also counts time the host spent suspended, which CLOCK_MONOTONIC does not: a laptop
+# that slept past the TTL must not think its lease still good.
+_FENCE_CLOCK = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def fence_clock() -> float:
+    """The local clock a lease's fence deadline is kept on (seconds, only differences matter)."""
+    return time.clock_gettime(_FENCE_CLOCK) if _FENCE_CLOCK is not None else time.monotonic()
+
+
+def fence_margin(ttl_s: float) -> float:
+    return min(FENCE_MARGIN_S, ttl_s / 10)
 
 
 @dataclass
@@ -74,6 +89,7 @@ class _Outcome:
     device: DeviceRecord | None = None
     queue_id: int | None = None
     timeout_message: str | None = None
+    remaining_s: float = 0.0  # the lease's time left, pool clock, when the transaction began
 
 
 def waiting(txn: Txn) -> list[QueueEntry]:
@@ -200,23 +216,24 @@ class Pool:
                     poll = self._poll(queue_id)
                     if poll == "granted":
                         # Dispatch committed our lease already: reading it needs no write lock.
+                        started = fence_clock()
                         with self.store.read() as txn:
                             row = txn.one("SELECT * FROM leases WHERE queue_id = ?", (queue_id,))
                             if row is not None and row["ended"] is None:
                                 outcome = self._outcome_granted(txn, row)
                                 queue_id = None
-                                return Lease(self, outcome.lease, outcome.device, ttl, heartbeat_s)
+                                return self._lease(outcome, ttl, heartbeat_s, started)
                     elif poll == "waiting":
                         # Nothing for us yet: wait without taking the pool's write lock.
                         self._wait(listener, queue_id, deadline)
                         continue
+                started = fence_clock()
                 with self._write() as txn:
                     outcome = self._attempt(txn, request, holder, ttl, queue_id, give_up, timeout)
                 last_write = time.monotonic()
                 queue_id = outcome.queue_id
                 if outcome.lease is not None:
-                    assert outcome.device is not None
-                    return Lease(self, outcome.lease, outcome.device, ttl, heartbeat_s)
+                    return self._lease(outcome, ttl, heartbeat_s, started)
                 if outcome.timeout_message is not None:
                     queue_id = None
                     raise LeaseTimeout(outcome.timeout_message, serial=request.serial)
@@ -232,6 +249,15 @@ class Pool:
         finally:
             if listener is not None:
                 listener.close()
+
+    def _lease(self, outcome: _Outcome, ttl: float, heartbeat_s: float | None,
+               started: float) -> Lease:
+        """The Lease of a grant. Its fence deadline is counted from ``started`` (taken before the
+        transaction that read the grant, so never later than the pool's "now" of it): the pool
+        cannot have ended the lease before then."""
+        assert outcome.lease is not None and outcome.device is not None
+        return Lease(self, outcome.lease, outcome.device, ttl, heartbeat_s,
+                     valid_until=started + outcome.remaining_s - fence_margin(ttl))
 
     def _wait(self, listener: Listener | None, queue_id: int, deadline: float) -> None:
         """Until our grant is announced, or the next poll is due (jittered, so that waiters do not
@@ -293,7 +319,8 @@ class Pool:
     def _outcome_granted(txn: Txn, lease_row: dict[str, Any]) -> _Outcome:
         device = device_from_row(txn.one("SELECT * FROM devices WHERE serial = ?",
                                          (lease_row["serial"],)))
-        return _Outcome(lease=lease_from_row(lease_row), device=device)
+        return _Outcome(lease=lease_from_row(lease_row), device=device,
+                        remaining_s=lease_row["expires"] - txn.now)
 
     def _drop_stale_waiters(self, txn: Txn) -> None:
         stale = txn.all("SELECT * FROM queue WHERE polled < ?", (txn.now - self.waiter_stale_s,))
@@ -442,7 +469,14 @@ class Pool:
 class Lease:
     """A held device. As a context manager it renews itself every ``heartbeat_s`` (a third of the TTL
     by default) from a daemon thread, and releases on exit. If renewal finds the lease gone (it expired
-    while the holder was stalled), ``lost`` says why and exit raises LeaseError."""
+    while the holder was stalled), ``lost`` says why and exit raises LeaseError.
+
+    Fencing: call ``check()`` before every action on the device. It costs no database call: the lease
+    keeps a local deadline (when the last successful acquire or renew began, plus the TTL, minus a
+    small margin) and ``check()`` raises ``LeaseLost`` once ``lost`` is set or that deadline has
+    passed. A holder stopped (SIGSTOP, a suspended VM) past its TTL thus stops at its first action
+    after it resumes, before the heartbeat thread has even run. Once fenced, the lease stays lost.
+    """
 
     pool: Pool
     info: LeaseInfo
@@ -450,8 +484,13 @@ class Lease:
     ttl_s: float
     heartbeat_s: float | None = None
     lost: LeaseError | None = None
+    valid_until: float | None = None  # fence deadline on fence_clock(); None: now + TTL - margin
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.valid_until is None:
+            self.valid_until = fence_clock() + self.ttl_s - fence_margin(self.ttl_s)
 
     @property
     def token(self) -> str:
@@ -466,10 +505,34 @@ class Lease:
         """The device's adb server, "host:port"."""
         return self.device.server
 
+    def remaining_s(self) -> float:
+        """Seconds until the fence deadline (negative: past it); no database call."""
+        assert self.valid_until is not None
+        return self.valid_until - fence_clock()
+
+    def check(self) -> None:
+        """Raise ``LeaseLost`` (an InfraError carrying the serial) unless the lease is still ours as far
+        as this process can tell without asking the pool: not lost, and renewed recently enough that
+        the pool cannot have expired it. Cheap (a clock read): call it before every device action."""
+        if self.lost is None:
+            left = self.remaining_s()
+            if left > 0:
+                return
+            self.lost = LeaseError(
+                f"lease {self.token[:8]} on {self.serial} not renewed for over its TTL of "
+                f"{self.ttl_s:g}s (fence deadline passed {-left:.1f}s ago: the holder stalled, or "
+                f"the pool could not be reached); the pool may have given the device to another holder")
+        raise LeaseLost(f"lease on {self.serial} lost: {self.lost}", serial=self.serial)
+
     def renew(self) -> None:
-        self.info = self.pool.renew(self.token, self.ttl_s)
+        started = fence_clock()
+        info = self.pool.renew(self.token, self.ttl_s)
+        self.info = info
+        self.valid_until = max(self.valid_until or 0.0, started + (info.expires - info.renewed)
+                               - fence_margin(self.ttl_s))
 
     def release(self) -> None:
+        """End the lease in the pool. LeaseError if it had already ended (expired, taken away)."""
         self.stop_heartbeat()
         self.pool.release(self.token)
 
