@@ -38,9 +38,10 @@ from typing import Any
 
 from farm.errors import UsageError
 from farm.fileio import write_atomic
+from farm.vocab import EVAL_MODE_NUMBERS, Dialect
 
 FORMAT = "ptefarm-bundle/1"
-DIALECTS = ("host", "qnn-v1.0", "qnn-shared-buffer")
+DIALECTS: tuple[Dialect, ...] = tuple(Dialect)
 ROLES = ("pte", "tokenizer", "runner", "backend_lib", "qnn_lib", "other")
 
 
@@ -212,7 +213,8 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
         raise UsageError(f"{where}: field 'format' is {fmt!r}, expected {FORMAT!r}")
     dialect = _require(raw, "runner_dialect", str, where)
     if dialect not in DIALECTS:
-        raise UsageError(f"{where}: field 'runner_dialect' is {dialect!r}, expected one of {DIALECTS}")
+        raise UsageError(f"{where}: field 'runner_dialect' is {dialect!r}, expected one of "
+                         f"{', '.join(DIALECTS)}")
     name_field = _optional(raw, "name", str, manifest_path.parent.name, where)
     decoder = _optional(raw, "decoder_model_version", str, "llama3", where)
     model = _optional(raw, "model", dict, {}, where)
@@ -257,8 +259,9 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
         if pte not in names:
             raise UsageError(f"{mwhere}: pte {pte!r} is not among the manifest's files")
         eval_mode = _require(m, "eval_mode", int, mwhere)
-        if eval_mode not in (0, 1, 2):
-            raise UsageError(f"{mwhere}: field 'eval_mode' is {eval_mode}, expected 0, 1 or 2")
+        if eval_mode not in EVAL_MODE_NUMBERS.values():
+            raise UsageError(f"{mwhere}: field 'eval_mode' is {eval_mode}, expected "
+                             f"{', '.join(str(n) for n in EVAL_MODE_NUMBERS.values())}")
         ar_len = _optional(m, "ar_len", int, 1, mwhere)
         if ar_len < 1:
             raise UsageError(f"{mwhere}: field 'ar_len' must be positive, got {ar_len}")
@@ -269,7 +272,7 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
     if tokenizer not in names:
         raise UsageError(f"{where}: tokenizer {tokenizer!r} is not among the manifest's files")
     runner = raw.get("runner")
-    if dialect == "host":
+    if dialect == Dialect.HOST:
         if runner is not None:
             raise UsageError(f"{where}: field 'runner' must be absent for the host runner dialect")
     elif not isinstance(runner, str) or runner not in names:

@@ -14,8 +14,9 @@ from farm.bundle import Bundle
 from farm.devices import Device
 from farm.run import RunResult, run
 from farm.runprofile import RunRequest
+from farm.vocab import Updater
 
-UPDATER_PAIR = ("SmartMask", "ShiftPointer")
+UPDATER_PAIR: tuple[Updater, Updater] = (Updater.SMART_MASK, Updater.SHIFT_POINTER)
 
 
 @dataclass

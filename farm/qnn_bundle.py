@@ -15,10 +15,11 @@ from pathlib import Path
 
 from farm.bundle import DIALECTS, Bundle, BundleFile, Mode, describe_file
 from farm.errors import UsageError
+from farm.vocab import Dialect, EvalMode
 
 COMMON_SDK_LIBS = ("libQnnHtp.so", "libQnnHtpPrepare.so", "libQnnSystem.so")
 OPTIONAL_SDK_LIBS = ("libQnnModelDlc.so",)
-EVAL_MODES = {"kv": 0, "hybrid": 1, "lookahead": 2}
+EVAL_MODES: dict[str, int] = {m.value: m.number for m in EvalMode}
 
 
 @dataclass
@@ -59,9 +60,9 @@ def sdk_libs(sdk: Path, arch: str) -> list[tuple[Path, str | None]]:
 
 def make_manifest(a: QnnArtifacts, manifest_path: Path) -> Bundle:
     """Describe the artifacts (sizes, sha256) and write the manifest atomically."""
-    if a.dialect not in DIALECTS or a.dialect == "host":
+    if a.dialect not in DIALECTS or a.dialect == Dialect.HOST:
         raise UsageError(f"--dialect: {a.dialect!r} is not a QNN runner dialect "
-                         f"({', '.join(d for d in DIALECTS if d != 'host')})")
+                         f"({', '.join(d for d in DIALECTS if d != Dialect.HOST)})")
     if not a.ptes:
         raise UsageError("--pte: at least one MODE=FILE is needed (kv=..., hybrid=...)")
     if not a.htp_archs:
@@ -74,7 +75,7 @@ def make_manifest(a: QnnArtifacts, manifest_path: Path) -> Bundle:
             raise UsageError(f"--pte {mode}=...: unknown mode (known: {', '.join(EVAL_MODES)})")
         files.append(describe_file(base, _existing(pte, f"--pte {mode}"), role="pte"))
         modes[mode] = Mode(pte=pte.name, eval_mode=EVAL_MODES[mode],
-                           ar_len=a.hybrid_ar_len if mode == "hybrid" else 1)
+                           ar_len=a.hybrid_ar_len if mode == EvalMode.HYBRID else 1)
     files.append(describe_file(base, _existing(a.tokenizer, "--tokenizer"), role="tokenizer"))
     files.append(describe_file(base, _existing(a.runner, "--runner"), role="runner"))
     files.append(describe_file(base, _existing(a.backend_lib, "--backend-lib"), role="backend_lib"))

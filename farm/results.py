@@ -21,12 +21,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from farm.vocab import Outcome
 
-class Outcome(StrEnum):
-    PASSED = "passed"
-    FAILED = "failed"
-    ERROR = "error"
-    SKIPPED = "skipped"
+__all__ = ["Attempt", "ErrorKind", "Outcome", "ResultLog", "TestRecord", "Verdict", "verdict"]
 
 
 class ErrorKind(StrEnum):

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 from farm.bundle import Bundle
 from farm.errors import UsageError
+from farm.vocab import Dialect, EvalMode, Updater
 
-UPDATERS = ("SmartMask", "ShiftPointer")
+UPDATERS: tuple[Updater, ...] = tuple(Updater)
 # The updaters each runner dialect can run: ShiftPointer was removed after v1.0.1.
-DIALECT_UPDATERS: dict[str, tuple[str, ...]] = {
-    "host": UPDATERS, "qnn-v1.0": UPDATERS, "qnn-shared-buffer": ("SmartMask",)}
+DIALECT_UPDATERS: dict[Dialect, tuple[Updater, ...]] = {d: d.updaters for d in Dialect}
 OUTPUTS = "outputs.txt"
 SPEED = "inference_speed.txt"
 TOKEN_IDS = "token_ids.json"
@@ -36,8 +36,8 @@ MAX_COMMAND_BYTES = 60_000
 @dataclass(frozen=True)
 class RunRequest:
     prompts: list[str]
-    mode: str = "kv"  # a key of the bundle's modes: kv (eval_mode 0), hybrid (eval_mode 1)
-    updater: str = "SmartMask"
+    mode: str = EvalMode.KV  # a key of the bundle's modes: kv (eval_mode 0), hybrid (eval_mode 1)
+    updater: str = Updater.SMART_MASK
     system_prompt: str | None = None
     seq_len: int = 128
     temperature: float = 0.0
@@ -52,7 +52,8 @@ class RunRequest:
             if "\0" in text:
                 raise UsageError("run request: a prompt contains a NUL byte, which no argv can carry")
         if self.updater not in UPDATERS:
-            raise UsageError(f"run request: --updater {self.updater!r} is not one of {UPDATERS}")
+            raise UsageError(f"run request: --updater {self.updater!r} is not one of "
+                             f"{', '.join(UPDATERS)}")
         if self.seq_len <= 0:
             raise UsageError(f"run request: --seq-len must be positive, got {self.seq_len}")
         if self.temperature < 0:
@@ -72,26 +73,29 @@ class RunnerCommand:
 def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str) -> tuple[list[str], dict[str, str]]:
     """The runner's argv for this bundle's dialect; paths relative to the bundle workspace."""
     request.check()
-    dialect = bundle.runner_dialect
+    try:
+        dialect = Dialect(bundle.runner_dialect)
+    except ValueError:
+        raise UsageError(f"{bundle.manifest_path}: unknown runner dialect "
+                         f"{bundle.runner_dialect!r}") from None
     if request.mode not in bundle.modes:
         raise UsageError(f"{bundle.manifest_path}: bundle {bundle.name!r} has no mode "
                          f"{request.mode!r} (modes: {', '.join(sorted(bundle.modes))})")
     mode = bundle.modes[request.mode]
     outputs = {"outputs": OUTPUTS, "speed": SPEED}
-    if dialect == "host":
+    if dialect == Dialect.HOST:
         argv = ["farm-llama-runner"]
-    elif dialect in ("qnn-v1.0", "qnn-shared-buffer"):
+    else:
         if not bundle.runner:
-            raise UsageError(f"{bundle.manifest_path}: dialect {dialect!r} needs field 'runner'")
+            raise UsageError(f"{bundle.manifest_path}: dialect '{dialect}' needs field 'runner'")
         argv = ["./" + bundle.runner]
         if request.seed is not None and request.temperature > 0:
-            raise UsageError(f"runner dialect {dialect!r} has no --seed: sampling at temperature "
+            raise UsageError(f"runner dialect '{dialect}' has no --seed: sampling at temperature "
                              f"{request.temperature:g} cannot be made reproducible")
-    else:
-        raise UsageError(f"{bundle.manifest_path}: unknown runner dialect {dialect!r}")
-    if dialect == "qnn-shared-buffer" and request.updater != "SmartMask":
-        raise UsageError(f"runner dialect 'qnn-shared-buffer' supports only the SmartMask updater, "
-                         f"not {request.updater!r} (ShiftPointer was removed after v1.0.1)")
+    if request.updater not in dialect.updaters:
+        raise UsageError(f"runner dialect '{dialect}' supports only the "
+                         f"{' and '.join(dialect.updaters)} updater, not '{request.updater}' "
+                         f"(ShiftPointer was removed after v1.0.1)")
 
     argv += ["--model_path", mode.pte, "--tokenizer_path", bundle.tokenizer,
              "--decoder_model_version", bundle.decoder_model_version]
@@ -103,11 +107,11 @@ def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str) -> tuple[list
              "--eval_mode", str(mode.eval_mode), "--num_iters", str(request.num_iters),
              "--output_path", posixpath.join(out_rel, OUTPUTS),
              "--performance_output_path", posixpath.join(out_rel, SPEED)]
-    if dialect == "qnn-shared-buffer":
+    if dialect == Dialect.QNN_SHARED_BUFFER:
         argv.append("--shared_buffer")
     else:
         argv += ["--kv_updater", request.updater]
-    if dialect == "host":
+    if dialect == Dialect.HOST:
         argv += ["--token_ids_path", posixpath.join(out_rel, TOKEN_IDS)]
         outputs["token_ids"] = TOKEN_IDS
         if request.seed is not None:

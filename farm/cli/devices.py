@@ -27,6 +27,7 @@ from farm.devices import Device, DeviceInfo, find_device, scan_server
 from farm.errors import UsageError
 from farm.run import RunnerFailed, RunResult, run
 from farm.runprofile import UPDATERS, RunRequest
+from farm.vocab import Updater
 
 config_option = click.option("--config", "config_path", type=click.Path(dir_okay=False),
                              default=None, help="farm.toml (default: $PTEFARM_CONFIG, ./farm.toml)")
@@ -153,7 +154,8 @@ def _print_result(result: RunResult) -> None:
 @click.option("--prompt", "prompts", multiple=True, required=True, help="prompt; repeat for turns")
 @click.option("--system-prompt", default=None)
 @click.option("--mode", default="kv", show_default=True, help="a mode of the bundle: kv | hybrid")
-@click.option("--updater", type=click.Choice(UPDATERS), default="SmartMask", show_default=True)
+@click.option("--updater", type=click.Choice([u.value for u in UPDATERS]), default=Updater.SMART_MASK.value,
+              show_default=True)
 @click.option("--seq-len", type=int, default=128, show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--num-iters", type=int, default=1, show_default=True)

@@ -9,6 +9,7 @@ from farm.pool.model import (
                              PRIORITIES,
                              QUARANTINED,
                              DeviceRecord,
+                             DeviceState,
                              DeviceStatus,
                              Event,
                              Holder,
@@ -21,5 +22,5 @@ from farm.pool.model import (
 )
 
 __all__ = ["AVAILABLE", "LEASED", "OFFLINE", "PRIORITIES", "QUARANTINED", "DeviceRecord",
-           "DeviceStatus", "Event", "Holder", "Lease", "LeaseInfo", "LeaseRequest", "Pool",
+           "DeviceState", "DeviceStatus", "Event", "Holder", "Lease", "LeaseInfo", "LeaseRequest", "Pool",
            "PoolStatus", "QueueEntry", "SyncReport", "parse_priority"]

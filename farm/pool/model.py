@@ -16,14 +16,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from farm.errors import UsageError
+from farm.vocab import DeviceState
 
-# Device states. "leased" is set while an unexpired lease exists and the device is otherwise healthy;
-# "quarantined" and "offline" win over a lease (the holder keeps its lease, nobody new gets one).
-AVAILABLE = "available"
-LEASED = "leased"
-QUARANTINED = "quarantined"
-OFFLINE = "offline"
-STATES = (AVAILABLE, LEASED, QUARANTINED, OFFLINE)
+# Device states (see farm.vocab.DeviceState), under the names the pool code has always used.
+AVAILABLE = DeviceState.AVAILABLE
+LEASED = DeviceState.LEASED
+QUARANTINED = DeviceState.QUARANTINED
+OFFLINE = DeviceState.OFFLINE
+STATES: tuple[DeviceState, ...] = tuple(DeviceState)
 
 # Named priorities: release qualification goes before nightly runs, which go before PR gates.
 PRIORITIES: dict[str, int] = {"release": 100, "nightly": 50, "pr": 10, "adhoc": 0}

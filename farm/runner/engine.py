@@ -16,9 +16,11 @@ import torch
 from farm.errors import UsageError
 from farm.runner.io_manager import UPDATERS, ContextFull, IoMgr, KVShape
 from farm.runner.template import PromptTemplate
+from farm.vocab import EvalMode
 
-METHODS = {0: ("forward", "forward"), 1: ("prefill_forward", "kv_forward")}
-EVAL_MODE_NAMES = {0: "kv", 1: "hybrid", 2: "lookahead"}
+# --eval_mode -> (prefill method, decode method); lookahead (2) is not supported by this runner.
+METHODS = {EvalMode.KV.number: ("forward", "forward"),
+           EvalMode.HYBRID.number: ("prefill_forward", "kv_forward")}
 
 
 def now_ms() -> int:
@@ -68,7 +70,7 @@ class LlamaRunner:
         from farm.model.tokenizer import load_tokenizer
 
         if eval_mode not in METHODS:
-            raise UsageError(f"--eval_mode: {eval_mode} ({EVAL_MODE_NAMES.get(eval_mode, 'unknown')}) "
+            raise UsageError(f"--eval_mode: {eval_mode} ({EvalMode.from_number(eval_mode) or 'unknown'}) "
                              "is not supported; use 0 (kv) or 1 (hybrid)")
         self.stats = Stats(model_load_start_ms=now_ms())
         self.program = _load_program(model_path)
@@ -143,7 +145,7 @@ class LlamaRunner:
             if self.io.n_past + len(ids) > self.max_prompt_len() or self.io.n_past + len(ids) >= seq_len:
                 raise UsageError(
                     f"--prompt: {self.io.n_past + len(ids)} prompt tokens do not fit: --seq_len is "
-                    f"{seq_len} and the {EVAL_MODE_NAMES[self.eval_mode]} method takes at most "
+                    f"{seq_len} and the {EvalMode.from_number(self.eval_mode)} method takes at most "
                     f"{self.max_prompt_len()} prompt tokens (context {self.context_len})")
             self.io.switch_method(self.prefill_ar)
             all_prompt += ids

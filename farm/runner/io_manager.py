@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from farm.model.llama import MASK_MIN, causal_block
+from farm.vocab import Updater
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class ContextFull(Exception):
 class IoMgr:
     """Shared base: owns the mask, n_past and the current method's ar_len; subclasses own the caches."""
 
-    name = "base"
+    name: str = "base"
 
     def __init__(self, shape: KVShape, ar_lens: list[int]):
         self.shape = shape
@@ -145,7 +146,7 @@ class IoMgr:
 
 
 class SmartMaskIoMgr(IoMgr):
-    name = "SmartMask"
+    name = Updater.SMART_MASK
 
     def _allocate(self) -> None:
         s = self.shape
@@ -179,7 +180,7 @@ class SmartMaskIoMgr(IoMgr):
 
 
 class ShiftPointerIoMgr(IoMgr):
-    name = "ShiftPointer"
+    name = Updater.SHIFT_POINTER
 
     def _allocate(self) -> None:
         s = self.shape
@@ -223,4 +224,4 @@ class ShiftPointerIoMgr(IoMgr):
             vb[new_cache_len * hd : (new_cache_len + n) * hd] = kept
 
 
-UPDATERS: dict[str, type[IoMgr]] = {"SmartMask": SmartMaskIoMgr, "ShiftPointer": ShiftPointerIoMgr}
+UPDATERS: dict[Updater, type[IoMgr]] = {cls.name: cls for cls in (SmartMaskIoMgr, ShiftPointerIoMgr)}

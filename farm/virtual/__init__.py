@@ -3,11 +3,11 @@ server. See :class:`VirtualFarm` for the API tests use and ``farm virtual`` for 
 
 from farm.virtual.faults import Faults
 from farm.virtual.identity import SOC_PROFILES, VirtualDeviceSpec
-from farm.virtual.manager import DeviceStatus, VirtualDeviceRecord, VirtualFarm
+from farm.virtual.manager import VirtualDeviceStatus, VirtualDeviceRecord, VirtualFarm
 
 __all__ = [
            "SOC_PROFILES",
-           "DeviceStatus",
+           "VirtualDeviceStatus",
            "Faults",
            "VirtualDeviceRecord",
            "VirtualDeviceSpec",

@@ -65,7 +65,7 @@ class VirtualDeviceRecord:
 
 
 @dataclass(frozen=True)
-class DeviceStatus:
+class VirtualDeviceStatus:
     record: VirtualDeviceRecord
     alive: bool        # the device process runs
     adb_state: str     # as the farm's adb server lists it, or "absent"
@@ -150,9 +150,9 @@ class VirtualFarm:
             raise
         return started
 
-    def ls(self) -> list[DeviceStatus]:
+    def ls(self) -> list[VirtualDeviceStatus]:
         states = self.server.devices() if self.server.is_running() else {}
-        return [DeviceStatus(r, is_device_process(r.pid, r.root), states.get(r.serial, "absent"))
+        return [VirtualDeviceStatus(r, is_device_process(r.pid, r.root), states.get(r.serial, "absent"))
                 for r in self.devices]
 
     def down(self) -> None:

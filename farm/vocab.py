@@ -1,0 +1,75 @@
+"""The farm's vocabulary: every name that crosses a module boundary, in one place.
+
+Each is a ``StrEnum``, so a member *is* its string (``Updater.SMART_MASK == "SmartMask"``): it goes into
+command lines, JSON, TOML and database rows unchanged, and a plain string read back from any of them
+compares equal to the member.
+
+- ``Updater``: the KV-cache updaters of qnn_llama_runner (``--kv_updater``).
+- ``Dialect``: the runner builds a bundle can name (farm.runprofile turns them into command lines), and
+  the updaters each can run (``Dialect.updaters``).
+- ``EvalMode``: the bundle mode names and upstream's ``--eval_mode`` numbers, one table both ways.
+- ``DeviceState``: a device's state in the pool.
+- ``Outcome``: a test's outcome in the farm's reports.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Updater(StrEnum):
+    SMART_MASK = "SmartMask"
+    SHIFT_POINTER = "ShiftPointer"
+
+
+class Dialect(StrEnum):
+    HOST = "host"  # farm-llama-runner: v1.0.1's flags plus --token_ids_path and --seed
+    QNN_V1_0 = "qnn-v1.0"  # qnn_llama_runner v0.7 .. v1.0.1: --kv_updater SmartMask|ShiftPointer
+    QNN_SHARED_BUFFER = "qnn-shared-buffer"  # v1.1.0 and later: SmartMask only, --shared_buffer
+
+    @property
+    def updaters(self) -> tuple[Updater, ...]:
+        """The updaters this runner build can run: ShiftPointer was removed after v1.0.1."""
+        if self is Dialect.QNN_SHARED_BUFFER:
+            return (Updater.SMART_MASK,)
+        return tuple(Updater)
+
+
+class EvalMode(StrEnum):
+    """A bundle mode name; ``.number`` is the runner's ``--eval_mode``."""
+
+    KV = "kv"
+    HYBRID = "hybrid"
+    LOOKAHEAD = "lookahead"
+
+    @property
+    def number(self) -> int:
+        return EVAL_MODE_NUMBERS[self]
+
+    @classmethod
+    def from_number(cls, number: int) -> EvalMode | None:
+        """The mode of an ``--eval_mode`` number; None for a number upstream does not define."""
+        return _EVAL_MODE_BY_NUMBER.get(number)
+
+
+# The one table: upstream's --eval_mode values (0 = kv, 1 = hybrid, 2 = lookahead).
+EVAL_MODE_NUMBERS: dict[EvalMode, int] = {EvalMode.KV: 0, EvalMode.HYBRID: 1, EvalMode.LOOKAHEAD: 2}
+_EVAL_MODE_BY_NUMBER: dict[int, EvalMode] = {n: m for m, n in EVAL_MODE_NUMBERS.items()}
+
+
+class DeviceState(StrEnum):
+    """A device in the pool. ``leased`` is set while an unexpired lease exists and the device is
+    otherwise healthy; ``quarantined`` and ``offline`` win over a lease (the holder keeps its lease,
+    nobody new gets one)."""
+
+    AVAILABLE = "available"
+    LEASED = "leased"
+    QUARANTINED = "quarantined"
+    OFFLINE = "offline"
+
+
+class Outcome(StrEnum):
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    SKIPPED = "skipped"
