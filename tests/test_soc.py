@@ -28,3 +28,25 @@ def test_every_codename_maps_to_a_soc_with_an_htp_arch():
     for codename, soc in SOC_BY_PLATFORM.items():
         assert soc in HTP_ARCH_BY_SOC, codename
 
+
+
+def test_every_virtual_profile_has_an_htp_arch(tmp_path):
+    """The virtual devices' SoCs come from this table: each has an HTP arch, and the farm reads the
+    same arch back from the properties a virtual device reports, with or without ro.soc.model."""
+    from farm.virtual.identity import SOC_PROFILES, VirtualDeviceSpec, make_identity
+
+    assert SOC_PROFILES and "SM8635" not in SOC_PROFILES  # not in upstream's QcomChipset
+    for soc, profile in SOC_PROFILES.items():
+        assert profile.soc == soc and htp_arch(soc) == profile.htp_arch is not None
+        for platform_only in (False, True):
+            props = make_identity(VirtualDeviceSpec(soc=soc, platform_only=platform_only), tmp_path).props
+            assert htp_arch(soc_from_props(props)) == profile.htp_arch, (soc, platform_only)
+
+
+def test_a_profile_outside_the_table_is_refused():
+    import pytest
+
+    from farm.virtual.identity import SocProfile, _profiles
+
+    with pytest.raises(ValueError, match="SM8635"):
+        _profiles(SocProfile("SM8635", "24053PY09I", "peridot", "peridot", "14", 34))

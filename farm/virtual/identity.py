@@ -16,6 +16,7 @@ from pathlib import Path
 
 from farm.errors import UsageError
 from farm.fileio import write_atomic
+from farm.soc import HTP_ARCH_BY_SOC, PLATFORM_BY_SOC
 
 SPEC_FILE = "spec.json"
 WORKSPACE_REL = "data/local/tmp/ptefarm"
@@ -23,24 +24,44 @@ WORKSPACE_REL = "data/local/tmp/ptefarm"
 
 @dataclass(frozen=True)
 class SocProfile:
+    """A typical phone with a SoC of farm.soc's table, which gives its codename and HTP arch."""
+
     soc: str            # ro.soc.model
-    platform: str       # ro.board.platform (Qualcomm's code name)
     model: str          # ro.product.model of a typical phone with that SoC
     name: str           # ro.product.name
     device: str         # ro.product.device
     release: str        # ro.build.version.release
     sdk: int            # ro.build.version.sdk
 
+    @property
+    def platform(self) -> str:
+        """ro.board.platform (Qualcomm's code name), from farm.soc."""
+        return PLATFORM_BY_SOC[self.soc]
 
-SOC_PROFILES: dict[str, SocProfile] = {p.soc: p for p in (
-    SocProfile("SM8450", "taro", "SM-S908B", "b0sxxx", "b0s", "13", 33),        # 8 Gen 1, S22 Ultra
-    SocProfile("SM8475", "taro", "SM-F936B", "q4qxxx", "q4q", "13", 33),        # 8+ Gen 1, Z Fold4
-    SocProfile("SM8550", "kalama", "SM-S918B", "dm3qxxx", "dm3q", "14", 34),    # 8 Gen 2, S23 Ultra
-    SocProfile("SM8635", "cliffs", "24053PY09I", "peridot", "peridot", "14", 34),  # 8s Gen 3
-    SocProfile("SM8650", "pineapple", "SM-S928B", "e3qxxx", "e3q", "14", 34),   # 8 Gen 3, S24 Ultra
-    SocProfile("SM8750", "sun", "SM-S938B", "pa3qxxx", "pa3q", "15", 35),       # 8 Elite, S25 Ultra
-    SocProfile("SM8850", "canoe", "SM-S948B", "pa4qxxx", "pa4q", "16", 36),     # 8 Elite Gen 5
-)}
+    @property
+    def htp_arch(self) -> str:
+        return HTP_ARCH_BY_SOC[self.soc]
+
+
+def _profiles(*phones: SocProfile) -> dict[str, SocProfile]:
+    """The profiles by SoC, each checked against farm.soc: a virtual device of a SoC the farm cannot
+    map to an HTP arch (or that has no codename for ``platform_only``) would test nothing real."""
+    for p in phones:
+        if p.soc not in HTP_ARCH_BY_SOC or p.soc not in PLATFORM_BY_SOC:
+            raise ValueError(f"virtual SoC profile {p.soc}: not in farm.soc's tables (HTP arch and "
+                             f"ro.board.platform codename)")
+    return {p.soc: p for p in phones}
+
+
+# No SM8635 (8s Gen 3, "cliffs"): upstream's QcomChipset has no entry for it, so it has no HTP arch.
+SOC_PROFILES: dict[str, SocProfile] = _profiles(
+    SocProfile("SM8450", "SM-S908B", "b0sxxx", "b0s", "13", 33),        # 8 Gen 1, S22 Ultra
+    SocProfile("SM8475", "SM-F936B", "q4qxxx", "q4q", "13", 33),        # 8+ Gen 1, Z Fold4
+    SocProfile("SM8550", "SM-S918B", "dm3qxxx", "dm3q", "14", 34),      # 8 Gen 2, S23 Ultra
+    SocProfile("SM8650", "SM-S928B", "e3qxxx", "e3q", "14", 34),        # 8 Gen 3, S24 Ultra
+    SocProfile("SM8750", "SM-S938B", "pa3qxxx", "pa3q", "15", 35),      # 8 Elite, S25 Ultra
+    SocProfile("SM8850", "SM-S948B", "pa4qxxx", "pa4q", "16", 36),      # 8 Elite Gen 5
+)
 
 
 @dataclass(frozen=True)
