@@ -165,7 +165,7 @@ def test_quarantine_during_lease_outlives_it(pool):
 
 
 def test_consecutive_infra_failures_quarantine(pool_url):
-    with Pool.open(pool_url, quarantine_after=3) as pool:
+    with Pool.open(pool_url, quarantine_after=3, failure_window_s=0) as pool:
         pool.sync([fake_device("dev0")])
         assert not pool.record_infra_failure("dev0", "adb: device offline")
         assert not pool.record_infra_failure("dev0", "push timed out")

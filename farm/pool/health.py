@@ -1,8 +1,10 @@
 """Device health: discovery results, infra-failure counting and quarantine.
 
-A device that fails for infrastructure reasons N times in a row (adb drops it, a push times out) leaves
-the pool as "quarantined" with the reason, until someone runs ``farm pool restore``. Discovery marks
-devices that vanished from their adb server "offline" and returns them when they reappear. Quarantine
+A device that fails for infrastructure reasons N times in a row (a push times out, a command fails)
+leaves the pool as "quarantined" with the reason, until someone runs ``farm pool restore``; failures
+within a short window of the last counted one are one incident and count once, and a success resets
+the count. Discovery marks devices that vanished from their adb server "offline" (not failing: their
+count is reset) and returns them when they reappear. Quarantine
 and offline outlive a lease: the holder keeps its lease, nobody new gets the device.
 """
 
@@ -106,7 +108,7 @@ def sync(txn: Txn, infos: Iterable[DeviceInfoLike | Mapping[str, Any]],
             continue  # already out of the pool; quarantine stays the reason shown
         set_state(txn, serial, row["state"], OFFLINE, reason=f"not found on {row['server']}")
         log_event(txn, "offline", serial=serial, from_state=row["state"], to_state=OFFLINE,
-                  detail=f"not found on {row['server']}")
+                  detail=f"not found on {row['server']}" + _forget_failures(txn, row))
         report.vanished.append(serial)
     return report
 
@@ -130,8 +132,18 @@ def _mark_unusable(txn: Txn, rec: DeviceRecord, row: dict[str, Any] | None, why:
     if row["state"] in (OFFLINE, QUARANTINED):
         return
     set_state(txn, rec.serial, row["state"], OFFLINE, reason=why)
-    log_event(txn, "offline", serial=rec.serial, from_state=row["state"], to_state=OFFLINE, detail=why)
+    log_event(txn, "offline", serial=rec.serial, from_state=row["state"], to_state=OFFLINE,
+              detail=why + _forget_failures(txn, row))
     report.vanished.append(rec.serial)
+
+
+def _forget_failures(txn: Txn, row: dict[str, Any]) -> str:
+    """A device going offline: the infra failures counted just before (the plugin records the
+    failure, then resyncs) were its vanishing, not a wrong answer; it returns with a clean count."""
+    if not int(row["infra_failures"]):
+        return ""
+    txn.run("UPDATE devices SET infra_failures = 0 WHERE serial = ?", (row["serial"],))
+    return f"; {row['infra_failures']} infra failure(s) not held against it"
 
 
 def quarantine(txn: Txn, serial: str, reason: str) -> None:
@@ -158,11 +170,31 @@ def restore(txn: Txn, serial: str) -> str:
     return new
 
 
-def record_infra_failure(txn: Txn, serial: str, reason: str, quarantine_after: int) -> bool:
-    """Count one infra failure; quarantine at ``quarantine_after`` in a row. True if quarantined now."""
+def record_infra_failure(txn: Txn, serial: str, reason: str, quarantine_after: int,
+                         window_s: float = 0.0) -> bool:
+    """Count one infra failure; quarantine at ``quarantine_after`` in a row. True if quarantined now.
+
+    Failures within ``window_s`` of the last counted one are one incident (a killed adb server, a
+    retry that went straight back to the same device) and count once; they are logged, not counted.
+    A device that is offline (it vanished: unplugged, killed) is not failing, it is absent: its
+    failures are not counted either, and it comes back when it returns.
+    """
     row = _device_row(txn, serial)
-    failures = int(row["infra_failures"]) + 1
-    txn.run("UPDATE devices SET infra_failures = ? WHERE serial = ?", (failures, serial))
+    failures = int(row["infra_failures"])
+    if row["state"] == OFFLINE or not row["present"]:
+        log_event(txn, "infra_failure", serial=serial,
+                  detail=f"not counted (device {row['state'] if row['state'] == OFFLINE else 'absent'}"
+                         f"): {reason}")
+        return False
+    last = row["failure_counted_at"]
+    if failures and last is not None and txn.now - last < window_s:
+        log_event(txn, "infra_failure", serial=serial,
+                  detail=f"not counted ({txn.now - last:.2f}s after the last counted one, within the "
+                         f"{window_s:g}s window; {failures} in a row): {reason}")
+        return False
+    failures += 1
+    txn.run("UPDATE devices SET infra_failures = ?, failure_counted_at = ? WHERE serial = ?",
+            (failures, txn.now, serial))
     log_event(txn, "infra_failure", serial=serial, detail=f"{failures} in a row: {reason}")
     if failures >= quarantine_after and row["state"] != QUARANTINED:
         quarantine(txn, serial, f"{failures} consecutive infra failures; last: {reason}")

@@ -63,6 +63,8 @@ DEFAULT_POLL_S = 0.05
 # notifications; a killed holder's device is then reclaimed within this much after its TTL.
 PUSHED_POLL_S = 1.0
 MAX_DESCRIBED_DEVICES = 12
+# Infra failures of one device within this many seconds of the last counted one are one incident.
+DEFAULT_FAILURE_WINDOW_S = 5.0
 # Fencing: a holder trusts its lease until (start of the last successful acquire/renew) + the lease's
 # remaining time, minus this margin (at most a tenth of the TTL), on its own clock: see Lease.check.
 FENCE_MARGIN_S = 1.0
@@ -141,9 +143,13 @@ class Pool:
 
     def __init__(self, store: Store, *, quarantine_after: int = 3, default_ttl_s: float = 300.0,
                  default_timeout_s: float = 600.0, poll_s: float = DEFAULT_POLL_S,
-                 waiter_stale_s: float = 30.0):
+                 waiter_stale_s: float = 30.0,
+                 failure_window_s: float = DEFAULT_FAILURE_WINDOW_S):
         self.store = store
         self.quarantine_after = quarantine_after
+        if not 0 <= failure_window_s < float("inf"):
+            raise ValueError(f"failure_window_s must be finite and >= 0, got {failure_window_s}")
+        self.failure_window_s = failure_window_s
         self.default_ttl_s = default_ttl_s
         self.default_timeout_s = default_timeout_s
         self.poll_s = poll_s
@@ -419,9 +425,11 @@ class Pool:
             return health.sync(txn, devices, None if servers is None else [str(s) for s in servers])
 
     def record_infra_failure(self, serial: str, reason: str) -> bool:
-        """Count an infra failure; True if this one quarantined the device."""
+        """Count an infra failure; True if this one quarantined the device. Failures within
+        ``failure_window_s`` of the last counted one count once; an offline device's are not counted."""
         with self._write() as txn:
-            return health.record_infra_failure(txn, serial, reason, self.quarantine_after)
+            return health.record_infra_failure(txn, serial, reason, self.quarantine_after,
+                                               self.failure_window_s)
 
     def record_success(self, serial: str) -> None:
         with self._write() as txn:

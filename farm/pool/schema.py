@@ -95,6 +95,9 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "CREATE INDEX events_by_serial ON events (serial, id)",
         "CREATE INDEX events_by_token ON events (token)",
     ]),
+    # When the device's last infra failure that counted toward quarantine happened: failures within
+    # the pool's failure window after it are one incident and count once.
+    (2, ["ALTER TABLE devices ADD COLUMN failure_counted_at {real}"]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
