@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from farm.bundle import Bundle
-from farm.devices import Device
+from farm.device_protocol import DeviceLike
 from farm.run import RunResult, run
 from farm.runprofile import RunRequest
 from farm.vocab import Updater
@@ -82,7 +82,7 @@ class Comparison:
         return {u: r.tokens_per_s for u, r in self.results.items()}
 
 
-def compare_updaters(device: Device, bundle: Bundle, *, mode: str, prompt: str, seq_len: int,
+def compare_updaters(device: DeviceLike, bundle: Bundle, *, mode: str, prompt: str, seq_len: int,
                      timeout: float = 600.0, base: RunRequest | None = None) -> Comparison:
     """Run the same greedy request with both updaters on one device (bundle already deployed)."""
     request = base or RunRequest(prompts=[prompt])

@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import posixpath
 import shlex
 import time
@@ -45,8 +46,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from farm.bundle import Bundle, BundleFile, check_workspace_name
-from farm.devices import Device, parse_df
+from farm.device_probe import parse_df, split_sections
+from farm.device_protocol import DeviceLike
 from farm.errors import AdbError, InfraError, UsageError
+
+log = logging.getLogger(__name__)
 
 RECORD_NAME = ".ptefarm-deploy.json"
 PARTIAL_SUFFIX = ".ptefarm-partial"
@@ -77,7 +81,7 @@ class DeployReport:
 
 
 class _HashingReader:
-    """A binary file whose bytes are hashed as ``Device.push`` reads them."""
+    """A binary file whose bytes are hashed as ``device.push`` reads them."""
 
     def __init__(self, raw):
         self.raw = raw
@@ -101,7 +105,7 @@ class _Remote:
     mtime: int
 
 
-def bundle_workspace(device: Device, bundle: Bundle) -> str:
+def bundle_workspace(device: DeviceLike, bundle: Bundle) -> str:
     """``<device workspace>/<bundle name>``; the bundle name must be one plain path component."""
     name = bundle.name
     if not name or "/" in name or name in (".", "..") or "\0" in name or "\n" in name:
@@ -109,7 +113,7 @@ def bundle_workspace(device: Device, bundle: Bundle) -> str:
     return posixpath.join(device.workspace, name)
 
 
-def select_files(bundle: Bundle, device: Device) -> list[BundleFile]:
+def select_files(bundle: Bundle, device: DeviceLike) -> list[BundleFile]:
     """The bundle's files for this device's HTP arch, re-checked for names that escape the workspace."""
     where = str(bundle.manifest_path or bundle.name)
     arch = device.htp_arch
@@ -140,25 +144,12 @@ def _where(bundle: Bundle) -> str:
     return str(bundle.manifest_path or bundle.name)
 
 
-def _discard(device: Device, remote: str, timeout: float) -> None:
+def _discard(device: DeviceLike, remote: str, timeout: float) -> None:
     """Remove a pushed temp file, best effort (the next deploy removes leftovers anyway)."""
     try:
         device.shell(shlex.join(["rm", "-f", "--", remote]), timeout=timeout)
-    except InfraError:
-        pass
-
-
-def _sections(output: str) -> dict[str, str]:
-    """``@@name`` sections of a probe's output, split on newlines only: a file name may hold U+2028
-    or other characters ``str.splitlines`` would split on (devices.split_sections does)."""
-    sections: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in output.split("\n"):
-        if line.startswith("@@"):
-            current = sections.setdefault(line[2:].strip(), [])
-        elif current is not None:
-            current.append(line)
-    return {k: "\n".join(v) for k, v in sections.items()}
+    except InfraError as e:
+        log.warning("device %s: could not remove %s (the next deploy will): %s", device.serial, remote, e)
 
 
 def _parse_stat(text: str) -> dict[str, _Remote]:
@@ -194,7 +185,7 @@ def _load_record(text: str) -> dict[str, dict[str, Any]]:
     return files if isinstance(files, dict) else {}
 
 
-def deploy(device: Device, bundle: Bundle, *, verify: Verify = "fast",
+def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
            on_progress: ProgressCallback | None = None, on_plan: Callable[[int], None] | None = None,
            timeout: float = 60.0, hash_timeout: float = 1800.0) -> DeployReport:
     """Make the bundle's workspace on ``device`` hold exactly the manifest's bytes.
@@ -222,7 +213,7 @@ def deploy(device: Device, bundle: Bundle, *, verify: Verify = "fast",
     if probe.exit_code != 0:
         raise AdbError(f"device {device.serial}: cannot create workspace {ws}: {probe.err.strip()}",
                        serial=device.serial)
-    sections = _sections(probe.out)
+    sections = split_sections(probe.out)
     remote = _parse_stat(sections.get("stat", ""))
     record = _load_record(sections.get("record", ""))
     record_file = remote.pop(RECORD_NAME, None)
@@ -315,7 +306,7 @@ def deploy(device: Device, bundle: Bundle, *, verify: Verify = "fast",
     commands += [shlex.join(["chmod", "755", "--", f.name]) for f in files if f.role == "runner"]
     commands += ["echo @@stat", shlex.join(["stat", "-c", "%s %Y %n", "--", *names])]
     finish = device.shell(" && ".join(commands), timeout=timeout, check=True)
-    remote = _parse_stat(_sections(finish.out).get("stat", ""))
+    remote = _parse_stat(split_sections(finish.out).get("stat", ""))
 
     # 5. The record, atomically.
     entries = {f.name: {"sha256": known[f.name], "size": f.size, "mtime": remote[f.name].mtime}

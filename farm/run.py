@@ -17,6 +17,7 @@ Errors keep their families apart:
 from __future__ import annotations
 
 import json
+import logging
 import posixpath
 import re
 import secrets
@@ -28,9 +29,11 @@ from typing import Any
 
 from farm.bundle import Bundle
 from farm.deploy import bundle_workspace
-from farm.devices import Device
+from farm.device_protocol import DeviceLike
 from farm.errors import DeviceTimeout, FarmError, InfraError, RunIncomplete
 from farm.runprofile import RunnerCommand, RunRequest, build_command, kill_command
+
+log = logging.getLogger(__name__)
 
 OBSERVER_RE = re.compile(r"PyTorchObserver\s+(\{.*\})")
 KILL_TIMEOUT_S = 15.0
@@ -186,7 +189,7 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(4)
 
 
-def _pull_outputs(device: Device, command: RunnerCommand, timeout: float) -> dict[str, bytes]:
+def _pull_outputs(device: DeviceLike, command: RunnerCommand, timeout: float) -> dict[str, bytes]:
     listing = device.shell(f"ls -1 {shlex.quote(command.out_dir)} 2>/dev/null; true", timeout=timeout)
     present = set(listing.out.splitlines())
     files: dict[str, bytes] = {}
@@ -196,7 +199,7 @@ def _pull_outputs(device: Device, command: RunnerCommand, timeout: float) -> dic
     return files
 
 
-def run(device: Device, bundle: Bundle, request: RunRequest, *, timeout: float = 600.0,
+def run(device: DeviceLike, bundle: Bundle, request: RunRequest, *, timeout: float = 600.0,
         local_dir: Path | None = None, keep_remote: bool = False, run_id: str | None = None,
         io_timeout: float = 60.0) -> RunResult:
     """Run ``request`` with the bundle already deployed (farm.deploy) on ``device``.
@@ -216,8 +219,8 @@ def run(device: Device, bundle: Bundle, request: RunRequest, *, timeout: float =
             cleanup = f"{{ {cleanup}; }}; rm -rf {shlex.quote(command.out_dir)}"
         try:
             device.shell(cleanup, timeout=KILL_TIMEOUT_S)
-        except InfraError:
-            pass  # the device may be unusable now; the timeout is what we report
+        except InfraError as e:  # the device may be unusable now; the timeout is what we report
+            log.warning("device %s: cleaning up after a timed-out run failed: %s", device.serial, e)
         raise
     duration = time.monotonic() - started
 
