@@ -105,6 +105,10 @@ class Lab:
         self.config = self.dir / "farm.toml"
         self.config.write_text(f'[[adb_servers]]\nhost = "127.0.0.1"\nport = {self.vf.adb_server.port}\n'
                                f'[pool]\nurl = "{self.pool_url}"\nlease_ttl_s = {lease_ttl_s}\n{extra}')
+        from farm.devices import discover
+
+        with Pool.open(self.pool_url) as pool:
+            pool.sync(discover([self.vf.adb_server]), [self.vf.adb_server])
         return records
 
     def test_file(self, prompts: list[str], text: str | None = None) -> Path:
@@ -157,6 +161,14 @@ class Lab:
     def held(self) -> list[str]:
         with Pool.open(self.pool_url) as pool:
             return [d.device.serial for d in pool.status().devices if d.lease is not None]
+
+    def touch(self, serial: str) -> None:
+        """Lease and release ``serial`` once, so that the pool hands out the other devices first."""
+        from farm.pool import Holder, LeaseRequest
+
+        with Pool.open(self.pool_url) as pool:
+            pool.release(pool.acquire(LeaseRequest(serial=serial), Holder.current("chaos"),
+                                      timeout_s=10).token)
 
     def when_path_appears(self, root: Path, pattern: str, action: Callable[[], None],
                           timeout: float = 120) -> threading.Thread:
@@ -348,16 +360,9 @@ def link_slowed(lab: Lab) -> Observation:
 
 def runner_hangs(lab: Lab) -> Observation:
     def inject(devices):
-        fired = {"serial": None}
-        for d in devices:
-            lab.vf.set_faults(d.serial, hang_commands="farm-llama-runner")
-
-        def clear(d):  # the first device to start a runner keeps hanging; the other works
-            if fired["serial"] is None:
-                fired["serial"] = d.serial
-                other = [x for x in devices if x.serial != d.serial][0]
-                lab.vf.clear_faults(other.serial)
-        _first_device_watch(lab, devices, "runner.pid", clear)
+        hung, good = devices
+        lab.vf.set_faults(hung.serial, hang_commands="farm-llama-runner")
+        lab.touch(good.serial)  # the pool hands out the least recently used device: the hung one
         return "the runner never finishes (hang fault), --farm-run-timeout 5"
     obs = _retry_elsewhere(lab, inject, victim_offline=False, args=("--farm-run-timeout", "5"))
     # The hung device stays usable: its runner was killed.
@@ -365,9 +370,8 @@ def runner_hangs(lab: Lab) -> Observation:
         lab.vf.clear_faults(d.serial)
     from farm.devices import find_device
 
-    victims = [d for d in lab.vf.devices]
     ok = all(find_device([lab.vf.adb_server], d.serial).shell("echo ok", timeout=10).out.strip() == "ok"
-             for d in victims)
+             for d in lab.vf.devices)
     obs.check("the device answers after the timeout", ok)
     leftovers = _runner_processes(lab)
     obs.check("no runner left running", not leftovers)
@@ -397,7 +401,7 @@ def _stand_in(lab: Lab, behaviour: str, expect_outcome: str, needle: str) -> Obs
     outcomes = _kept(obs, lab, ["test_generate[SM8650-Once upon a time]"])
     [record] = lab.records() or [{}]
     got = outcomes.get("test_generate[SM8650-Once upon a time]")
-    obs.check(f"a {expect_outcome}, never a pass", got == expect_outcome and proc.returncode != 0)
+    obs.check(f"{expect_outcome}, never a pass", got == expect_outcome and proc.returncode != 0)
     text = record.get("message", "") + record.get("details", "")
     obs.check(f"the report says {needle!r}", needle in text)
     obs.observed = f"{got}: {record.get('message', _tail(proc))[:120]}"
@@ -569,6 +573,7 @@ def holder_stopped(lab: Lab) -> Observation:
         _, err = holder.communicate()
     lines_after = len(log.read_text().splitlines()) if log.exists() else 0
     outcomes = _kept(obs, lab, ["test_generate[SM8650-Once upon a time]"])
+    obs.check("the holder was acting before it was stopped", lines_at_stop > 0)
     obs.check("the second run got the device and passed", proc.returncode == 0)
     obs.check("the stopped holder never acted again", lines_after == lines_at_stop)
     obs.check("the stopped holder stopped with an error", holder.returncode not in (0, None))

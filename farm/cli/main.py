@@ -31,6 +31,7 @@ def _register() -> None:
     # Each sub-command family lives in its own module; imports stay inside the commands that need
     # torch or adb, so that `farm --help` is instant.
     from farm.cli import bundle as bundle_cli
+    from farm.cli import chaos as chaos_cli
     from farm.cli import devices as devices_cli
     from farm.cli import export as export_cli
     from farm.cli import pool as pool_cli
@@ -44,6 +45,7 @@ def _register() -> None:
         main.add_command(command)
     main.add_command(pool_cli.pool)
     main.add_command(qualify_cli.qualify)
+    main.add_command(chaos_cli.chaos)
 
 
 _register()
