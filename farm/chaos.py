@@ -29,7 +29,7 @@ from pathlib import Path
 
 from farm.bundle import Bundle, Mode, describe_file
 from farm.pool import Pool
-from farm.results import ResultLog
+from farm.results import ResultLog, journal_paths
 
 PYTEST_TIMEOUT_S = 300
 
@@ -138,8 +138,7 @@ class Lab:
         try:
             return json.loads((self.out / "results.json").read_text())["results"]
         except (OSError, ValueError, KeyError):
-            log = self.out.parent / f".{self.out.name}.results.jsonl"
-            return [r.to_json() for r in ResultLog.read(log)]
+            return [r.to_json() for r in ResultLog.read(journal_paths(self.out)[0])]
 
     def meta(self) -> dict:
         try:
@@ -207,6 +206,9 @@ import json, sys
 BEHAVIOUR = {behaviour!r}
 args = sys.argv[1:]
 opts = {{args[i]: args[i + 1] for i in range(0, len(args) - 1, 2) if args[i].startswith("--")}}
+if opts.get("--prompt") == "HANG":
+    import time
+    time.sleep(600)
 if BEHAVIOUR == "crash":
     print("qnn_llama_runner: loading model", flush=True)
     sys.stderr.write("QnnDsp <E> Failed to create context from binary\nSegmentation fault\n")
@@ -385,7 +387,8 @@ def _runner_processes(lab: Lab) -> list[int]:
     for p in psutil.process_iter(["cmdline", "cwd"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
-            if "farm-llama-runner" in cmd and str(lab.dir) in (p.info["cwd"] or ""):
+            if ("farm-llama-runner" in cmd or "qnn_llama_runner" in cmd) and \
+                    str(lab.dir) in (p.info["cwd"] or ""):
                 found.append(p.pid)
         except (psutil.Error, TypeError):
             continue
@@ -695,20 +698,17 @@ def pool_database_down(lab: Lab) -> Observation:
 
 def sigint(lab: Lab) -> Observation:
     obs = Observation()
-    devices = lab.devices("SM8650")
-    lab.test_file([], text="import pytest, time\n"
+    lab.devices("SM8650")
+    manifest = stand_in_bundle(lab.dir / "bundle", "echo")  # its runner sleeps on the prompt HANG
+    lab.test_file([], text="import pytest\n"
                            "@pytest.mark.parametrize('i', range(3))\n"
                            "def test_slow(llm, i):\n"
-                           "    llm.generate('Once upon a time', mode='kv', seq_len=48)\n"
-                           "    if i == 1:\n"
-                           "        llm.generate('HANG', mode='kv', seq_len=48)\n")
-    lab.vf.set_faults(devices[0].serial, hang_commands="HANG")
-    run = lab.popen()
-    partial_log = lab.out.parent / f".{lab.out.name}.results.jsonl"
+                           "    assert llm.generate('HANG' if i == 1 else 'Once', mode='kv', seq_len=48).text\n")
+    run = lab.popen(manifest=manifest)
     deadline = time.monotonic() + 120
-    while not ResultLog.read(partial_log) and time.monotonic() < deadline:  # test 0 has finished
-        time.sleep(0.1)
-    time.sleep(3.0)  # test 1 is now in its hung runner
+    while not _runner_processes(lab) and time.monotonic() < deadline:  # test 1's runner is sleeping
+        time.sleep(0.05)
+    obs.check("a runner was working when the signal came", bool(_runner_processes(lab)))
     run.send_signal(signal.SIGINT)
     output = run.communicate(timeout=60)[0]
     outcomes = _kept(obs, lab, ["test_slow[SM8650-0]"])
@@ -720,6 +720,34 @@ def sigint(lab: Lab) -> Observation:
     obs.check("no runner left running", not _runner_processes(lab))
     obs.observed = f"SIGINT during test 2: exit {run.returncode}, partial report with {outcomes}, " \
                    f"leases held {lab.held()}; {_tail(output)[:50]}"
+    return obs
+
+
+def run_killed(lab: Lab) -> Observation:
+    """SIGKILL of the pytest process: no report can be written by it, but the journal has every
+    finished test, and `farm report recover` turns it into a partial report."""
+    obs = Observation()
+    devices = lab.devices("SM8650", lease_ttl_s=3)
+    lab.vf.set_faults(devices[0].serial, hang_commands="HANG")
+    lab.test_file([], text="import pytest\n"
+                           "@pytest.mark.parametrize('prompt', ['Once upon a time', 'Hi there', 'HANG'])\n"
+                           "def test_generate(llm, prompt):\n"
+                           "    assert llm.generate(prompt, mode='kv', seq_len=48).text\n")
+    run = lab.popen()
+    deadline = time.monotonic() + 120
+    while len(ResultLog.read(journal_paths(lab.out)[0])) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    run.kill()
+    run.communicate()
+    obs.check("the killed run wrote no report itself", not (lab.out / "results.json").exists())
+    proc = subprocess.run([sys.executable, "-m", "farm.cli.main", "report", "recover", str(lab.out)],
+                          capture_output=True, text=True, timeout=60)
+    obs.check("farm report recover wrote the report", proc.returncode == 0)
+    outcomes = _kept(obs, lab, ["test_generate[SM8650-Once upon a time]", "test_generate[SM8650-Hi there]"])
+    obs.check("both finished tests are in it, passed", set(outcomes.values()) == {"passed"})
+    obs.check("the report is marked partial", lab.meta().get("partial") is True)
+    obs.observed = f"SIGKILL during test 3: recovered report has {sorted(outcomes)} ({lab.meta().get('verdict')})"
     return obs
 
 
@@ -798,6 +826,8 @@ SCENARIOS = [
              "run continues or stops clearly; every result kept; no double lease", pool_database_down),
     Scenario("sigint", "SIGINT of a run", "SIGINT while a runner is working",
              "leases released, runners killed, partial report, distinct exit code", sigint),
+    Scenario("run-killed", "SIGKILL of a run", "SIGKILL of pytest while a runner is working",
+             "finished results kept; `farm report recover` writes a partial report", run_killed),
     Scenario("bad-input", "malformed config, cases, thresholds; hostile prompt", "bad bytes, a bad "
              "case name, a NaN minimum; shell metacharacters in a prompt",
              "one clear line naming the file; nothing runs; the prompt byte-exact", bad_input),

@@ -27,7 +27,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from farm.results import ErrorKind, Outcome, TestRecord, Verdict, verdict
+from farm.results import ErrorKind, Outcome, ResultLog, TestRecord, Verdict, journal_paths, verdict
 
 
 def _safe(name: str) -> str:
@@ -151,3 +151,23 @@ def write_reports(records: list[TestRecord], out_dir: Path, meta: dict[str, Any]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
+
+
+def recover(out_dir: Path) -> Path:
+    """Write the report of a run that died before writing it (SIGKILL, a crash of the host) from its
+    journal: every test that finished is in it; the report is marked partial."""
+    log_path, meta_path = journal_paths(out_dir)
+    if not log_path.exists():
+        from farm.errors import UsageError
+
+        raise UsageError(f"{out_dir}: no journal of an unfinished run here (expected {log_path})")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        meta = {}
+    meta.update(partial=True, recovered=True)
+    meta.pop("verdict", None)
+    written = write_reports(ResultLog.read(log_path), out_dir, meta)
+    log_path.unlink(missing_ok=True)
+    meta_path.unlink(missing_ok=True)
+    return written

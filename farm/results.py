@@ -135,3 +135,11 @@ class ResultLog:
             except (json.JSONDecodeError, TypeError, KeyError, ValueError):
                 continue
         return records
+
+
+def journal_paths(out_dir: Path) -> tuple[Path, Path]:
+    """Where a run writing its report to ``out_dir`` journals as it goes: the result log and the run's
+    meta, beside the report directory (which only appears, whole, at the end)."""
+    out_dir = Path(out_dir)
+    return (out_dir.parent / f".{out_dir.name}.results.jsonl",
+            out_dir.parent / f".{out_dir.name}.meta.json")

@@ -36,6 +36,7 @@ def _register() -> None:
     from farm.cli import export as export_cli
     from farm.cli import pool as pool_cli
     from farm.cli import qualify as qualify_cli
+    from farm.cli import report as report_cli
     from farm.cli import virtual as virtual_cli
 
     main.add_command(export_cli.export)
@@ -46,6 +47,7 @@ def _register() -> None:
     main.add_command(pool_cli.pool)
     main.add_command(qualify_cli.qualify)
     main.add_command(chaos_cli.chaos)
+    main.add_command(report_cli.report)
 
 
 _register()
