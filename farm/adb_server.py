@@ -21,10 +21,11 @@ from pathlib import Path
 
 import adbutils
 from adbutils import AdbConnection
+from adbutils.errors import AdbConnectionError
 
 from farm import procs
 from farm.config import DEFAULT_ADB_PORT, farm_home
-from farm.errors import AdbError
+from farm.errors import AdbError, AdbServerDown
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,24 @@ class FarmAdbClient(adbutils.AdbClient):
         if timeout:
             conn.conn.settimeout(timeout)
         return conn
+
+
+def server_unreachable(cause: BaseException) -> bool:
+    """Whether an error from a request to an adb server (a host service, or opening a device
+    transport) means the server itself cannot be reached: nothing accepts on its port, or it refused,
+    reset or closed the connection before answering. Not for errors inside an open device stream,
+    where a reset is the device's (ask the server, see DeviceTransport._lost)."""
+    if isinstance(cause, AdbConnectionError):  # adbutils: "connect to adb server failed: ..."
+        return True
+    if isinstance(cause, adbutils.AdbTimeout):
+        return "connect to adb server" in str(cause)  # a connect timeout, not a slow answer
+    if isinstance(cause, (ConnectionError, EOFError)):  # refused, reset, aborted, broken pipe
+        return True
+    if isinstance(cause, adbutils.AdbError):
+        # The server closed the connection without an answer (adbutils reads an empty status).
+        text = str(cause)
+        return text == "connection closed" or text.startswith("Unknown data: b''")
+    return False
 
 
 PID_FILE = "server.pid"
@@ -118,6 +137,17 @@ class AdbServer:
         return procs.cmdline_has([adb_binary()], ["-P", str(self.port), "server", "nodaemon"])
 
     # --- start / stop ------------------------------------------------------------------------
+    def ensure_running(self, timeout: float = 20.0) -> bool:
+        """Start the server unless it answers; True if (re)started here. A server that cannot be
+        started is ``AdbServerDown`` naming it (with its log tail)."""
+        try:
+            return self.start(timeout=timeout)
+        except AdbServerDown:
+            raise
+        except AdbError as e:
+            raise AdbServerDown(f"{self} is down and could not be restarted: {e}",
+                                server=f"{self.host}:{self.port}") from None
+
     def start(self, timeout: float = 20.0) -> bool:
         """Start the server unless one already answers on the port. Returns True if started here."""
         if self.is_running():
@@ -187,7 +217,10 @@ class AdbServer:
         """serial -> state (device, offline, unauthorized, ...) as the server lists them."""
         try:
             return {info.serial: info.state for info in self.client(socket_timeout=10).list()}
-        except (adbutils.AdbError, OSError) as e:
+        except (adbutils.AdbError, OSError, EOFError) as e:
+            if server_unreachable(e):
+                raise AdbServerDown(f"{self} unreachable: cannot list devices: {e}",
+                                    server=f"{self.host}:{self.port}") from None
             raise AdbError(f"{self}: cannot list devices: {e}") from None
 
     def wait_for_state(self, serial: str, state: str = "device", timeout: float = 30.0) -> None:

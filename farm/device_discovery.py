@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from farm.adb_server import FarmAdbClient
 from farm.config import DEFAULT_WORKSPACE, AdbServerAddress
 from farm.device_probe import Device, DeviceInfo
 from farm.device_transport import client_for, list_server
-from farm.errors import AdbError, DeviceGone, FarmError, UsageError
+from farm.errors import AdbError, AdbServerDown, DeviceGone, FarmError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +21,7 @@ class ServerScan:
     server: AdbServerAddress
     devices: list[DeviceInfo]
     error: str | None = None
+    failure: AdbError | None = field(default=None, repr=False)  # the error itself (AdbServerDown...)
 
 
 def _listing(server: AdbServerAddress) -> tuple[FarmAdbClient, list[tuple[str, str]]]:
@@ -33,7 +34,7 @@ def scan_server(server: AdbServerAddress, *, workspace_root: str = DEFAULT_WORKS
     try:
         client, entries = _listing(server)
     except AdbError as e:
-        return ServerScan(server, [], error=str(e))
+        return ServerScan(server, [], error=str(e), failure=e)
     devices = []
     for serial, state in entries:
         if state != "device":
@@ -49,12 +50,13 @@ def scan_server(server: AdbServerAddress, *, workspace_root: str = DEFAULT_WORKS
 
 def discover(servers: list[AdbServerAddress], *,
              workspace_root: str = DEFAULT_WORKSPACE) -> list[DeviceInfo]:
-    """Every device of every server. An unreachable server raises ``AdbError`` naming host:port."""
+    """Every device of every server. An unreachable server raises ``AdbServerDown`` naming host:port
+    (another failure of the server's listing, ``AdbError``)."""
     found: list[DeviceInfo] = []
     for server in servers:
         scan = scan_server(server, workspace_root=workspace_root)
         if scan.error:
-            raise AdbError(scan.error)
+            raise scan.failure or AdbError(scan.error)
         found.extend(scan.devices)
     return found
 
@@ -64,15 +66,16 @@ def find_device(servers: list[AdbServerAddress], serial: str, *,
     """The device with this serial on whichever server has it.
 
     Not listed anywhere is a ``UsageError`` (a wrong serial) unless some server could not be asked,
-    which makes it an ``AdbError``; listed but not ready (offline, unauthorized) is ``DeviceGone``.
+    which makes it an ``AdbError`` (``AdbServerDown`` when a server is down: the device may well be
+    there); listed but not ready (offline, unauthorized) is ``DeviceGone``.
     """
-    unreachable: list[str] = []
+    unreachable: list[AdbError] = []
     for server in servers:
         try:
             client, entries = _listing(server)
         except AdbError as e:
             log.warning("%s; looking for %s on the other servers", e, serial)
-            unreachable.append(str(e))
+            unreachable.append(e)
             continue
         for s, state in entries:
             if s == serial:
@@ -81,6 +84,11 @@ def find_device(servers: list[AdbServerAddress], serial: str, *,
                 return Device(client, serial, server, workspace_root=workspace_root)
     names = ", ".join(str(s) for s in servers)
     if unreachable:
-        raise AdbError(f"device {serial} not found on adb servers {names}; "
-                       + "; ".join(unreachable), serial=serial)
+        message = f"device {serial} not found on adb servers {names}; " + \
+            "; ".join(str(e) for e in unreachable)
+        down = [e for e in unreachable if isinstance(e, AdbServerDown)]
+        if down:
+            raise AdbServerDown(message, serial=serial, server=", ".join(
+                str(e.server) for e in down))
+        raise AdbError(message, serial=serial)
     raise UsageError(f"device {serial} not found on adb servers {names} (see `farm devices`)")

@@ -12,8 +12,9 @@ The protocol loops are our own, each for a reason adbutils cannot serve:
 
 Every failure leaves this module as a farm error (one place maps them, :meth:`DeviceTransport._stream`):
 ``DeviceGone`` (device not listed or offline), ``DeviceTimeout`` (a command or transfer made no progress
-in time), ``AdbError`` (anything else the adb server or transport reported, including an unreachable
-server, named by host:port).
+in time), ``AdbServerDown`` (the adb server itself cannot be reached: refused, reset or closed before
+answering; named by host:port: not the device's fault), ``AdbError`` (anything else the adb server or
+transport reported).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from typing import BinaryIO
 import adbutils
 from adbutils import AdbConnection
 
-from farm.adb_server import FarmAdbClient
+from farm.adb_server import FarmAdbClient, server_unreachable
 from farm.config import AdbServerAddress
-from farm.errors import AdbError, DeviceGone, DeviceTimeout, FarmError, UsageError
+from farm.errors import AdbError, AdbServerDown, DeviceGone, DeviceTimeout, FarmError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +47,25 @@ def client_for(server: AdbServerAddress) -> FarmAdbClient:
     return FarmAdbClient(host=server.host, port=server.port)
 
 
+def server_error(server: AdbServerAddress, cause: BaseException, *, serial: str | None = None,
+                 doing: str = "") -> AdbError:
+    """The farm error for a failed request to the adb server itself: ``AdbServerDown`` (naming
+    host:port) when the server cannot be reached, else ``AdbError``."""
+    if server_unreachable(cause):
+        return AdbServerDown(f"adb server {server} unreachable: {doing}{cause or type(cause).__name__} "
+                             f"(is `adb -P {server.port} start-server` running on {server.host}?)",
+                             serial=serial, server=str(server))
+    return AdbError(f"adb server {server}: {doing}{cause}", serial=serial)
+
+
 def list_server(client: FarmAdbClient, server: AdbServerAddress, *,
                 serial: str | None = None) -> list[tuple[str, str]]:
-    """(serial, state) of every device the server lists; an unreachable server is ``AdbError``."""
+    """(serial, state) of every device the server lists; an unreachable server is ``AdbServerDown``,
+    any other failure of the request ``AdbError``."""
     try:
         return [(e.serial, e.state) for e in client.list()]
-    except (adbutils.AdbError, OSError) as e:
-        raise AdbError(f"adb server {server} unreachable: {e} "
-                       f"(is `adb -P {server.port} start-server` running on {server.host}?)",
-                       serial=serial) from None
+    except (adbutils.AdbError, OSError, EOFError) as e:
+        raise server_error(server, e, serial=serial, doing="listing devices: ") from None
 
 
 @dataclass(frozen=True)
@@ -117,11 +128,14 @@ class DeviceTransport:
 
     def _lost(self, what: str, cause: BaseException) -> FarmError:
         """Classify a broken transport: the device went away, or adb itself failed."""
+        why = cause or type(cause).__name__
         try:
             state = self.state()
+        except AdbServerDown as e:  # the server went, not the device
+            return AdbServerDown(f"{e}; {what} on device {self.serial} broke off: {why}",
+                                 serial=self.serial, server=e.server)
         except AdbError as e:
             return e
-        why = cause or type(cause).__name__
         if state != "device":
             return DeviceGone(f"device {self.serial} on {self.server} is "
                               f"{state or 'no longer listed'} ({what}: {why})", serial=self.serial)
@@ -132,13 +146,15 @@ class DeviceTransport:
         """A stream to ``service`` on this device, with adb errors turned into farm errors."""
         try:
             conn = self._adb.open_transport(timeout=min(timeout, CONNECT_TIMEOUT_S))
-        except adbutils.AdbTimeout:
+        except adbutils.AdbTimeout as e:
+            if server_unreachable(e):
+                raise server_error(self.server, e, serial=self.serial) from None
             raise AdbError(f"adb server {self.server} did not answer", serial=self.serial) from None
-        except (adbutils.AdbError, OSError) as e:
+        except (adbutils.AdbError, OSError, EOFError) as e:
             if "not found" in str(e) or "offline" in str(e) or "unauthorized" in str(e):
                 raise DeviceGone(f"device {self.serial} on {self.server}: {e}",
                                  serial=self.serial) from None
-            raise AdbError(f"adb server {self.server}: {e}", serial=self.serial) from None
+            raise server_error(self.server, e, serial=self.serial) from None
         try:
             conn.send_command(service)
             conn.check_okay()

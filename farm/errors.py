@@ -64,3 +64,13 @@ class RunIncomplete(InfraError):
 class LeaseLost(InfraError):
     """Our lease on a device ended (expired while we stalled, or taken away): we must not touch the
     device again, and nothing measured since can be trusted."""
+
+
+class AdbServerDown(AdbError):
+    """The adb server itself cannot be reached (nothing listens on its port, it refused or dropped
+    the connection before answering): the server's fault, not its devices'. The message names the
+    server's host:port."""
+
+    def __init__(self, message: str, *, serial: str | None = None, server: str | None = None):
+        super().__init__(message, serial=serial)
+        self.server = server

@@ -12,7 +12,8 @@ import logging
 import os
 import socket
 import subprocess
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Self
 
@@ -21,7 +22,7 @@ import adbutils
 from farm import procs
 from farm.adb_server import AdbServer
 from farm.config import AdbServerAddress
-from farm.errors import AdbError, InfraError, UsageError
+from farm.errors import AdbError, AdbServerDown, InfraError, UsageError
 from farm.fileio import write_atomic
 from farm.virtual.device import PGID_DIR, RUN_FILE, device_argv
 from farm.virtual.faults import NO_FAULTS, Faults, write_faults
@@ -203,6 +204,51 @@ class VirtualFarm:
     def clear_faults(self, serial: str) -> None:
         write_faults(self.device(serial).root, NO_FAULTS)
 
+    # Restarts of the farm's adb server by heal(), monotonic times (a tuple: reassigned, not shared).
+    _adb_restarts: tuple[float, ...] = ()
+
+    def heal(self, *, max_restarts: int = 3, per_s: float = 60.0) -> HealReport:
+        """Bring the farm's own adb server back if it is down, and reconnect every virtual device
+        whose process is still alive but which the server does not list (a restarted server knows
+        no devices). Dead devices are left alone (and reported): they are offline until restarted;
+        a device the server lists in another state than "device" is the server's to reconnect.
+
+        Bounded: at most ``max_restarts`` server restarts within ``per_s`` seconds; one more is
+        ``AdbServerDown`` naming the server, as is a server that cannot be started. Returns what was
+        done; a healthy farm is left as it is (``report.changed`` is False).
+        """
+        report = HealReport(server=str(self.adb_server))
+        if not self.server.is_running():
+            now = time.monotonic()
+            recent = tuple(t for t in self._adb_restarts if now - t < per_s)
+            if len(recent) >= max_restarts:
+                raise AdbServerDown(
+                    f"{self.server} is down again after {len(recent)} restarts within {per_s:g}s; "
+                    f"not restarting it (log: {self.server.home / 'server.log'})",
+                    server=str(self.adb_server))
+            self._adb_restarts = (*recent, now)
+            log.warning("%s is down; restarting it (restart %d within %gs)", self.server,
+                        len(recent) + 1, per_s)
+            report.server_restarted = self.server.ensure_running(timeout=self.start_timeout)
+            if report.server_restarted and not self.adb_started:
+                self.adb_started = True  # ours now: down() stops it
+                self._save()
+        listed = self.server.devices()
+        for record in self.devices:
+            if not is_device_process(record.pid, record.root):
+                report.dead.append(record.serial)
+                continue
+            if record.serial in listed:
+                continue  # "device", or a state the server itself tracks (offline: it reconnects)
+            try:
+                self._attach(record)
+            except AdbError as e:
+                log.warning("heal: %s not reconnected: %s", record.serial, e)
+                report.failed[record.serial] = str(e)
+                continue
+            report.reconnected.append(record.serial)
+        return report
+
     # --- internals ---------------------------------------------------------------------------
     def _next_index(self) -> int:
         devices_dir = self.dir / "devices"
@@ -262,6 +308,22 @@ class VirtualFarm:
         state = {"adb_port": self.server.port, "adb_started": self.adb_started,
                  "devices": [r.to_json() for r in self.devices]}
         write_atomic(self.state_path, json.dumps(state, indent=1))
+
+
+@dataclass
+class HealReport:
+    """What ``VirtualFarm.heal`` did: the server it checked, whether it restarted it, the devices it
+    reconnected, those whose process is dead (left offline) and those it could not reconnect."""
+
+    server: str
+    server_restarted: bool = False
+    reconnected: list[str] = field(default_factory=list)
+    dead: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return self.server_restarted or bool(self.reconnected)
 
 
 def _device_owned(root: Path) -> procs.Owned:
