@@ -57,7 +57,7 @@ _EXPORT_IN_FRESH_PROCESS = (
     "import sys\n"
     "from farm.cli.main import main\n"
     "try:\n"
-    "    main(['export', '--config', 'tiny'])\n"
+    "    main(['export', '--model', 'tiny'])\n"
     "except SystemExit as e:\n"
     "    code = e.code\n"
     "print('torch imported:', 'torch' in sys.modules, file=sys.stderr)\n"
@@ -79,10 +79,22 @@ def test_second_export_is_a_cache_hit(tiny_bundle):
     assert proc.stdout.strip() == "False", proc.stderr
 
 
-def test_export_bad_config_names_the_flag():
-    result = CliRunner().invoke(farm_main, ["export", "--config", "huge"])
+def test_export_bad_model_names_the_flag():
+    result = CliRunner().invoke(farm_main, ["export", "--model", "huge"])
     assert result.exit_code == 2
-    assert "--config" in result.output and "huge" in result.output
+    assert "--model" in result.output and "huge" in result.output
+
+
+def test_export_config_is_a_deprecated_alias_of_model(tiny_bundle):
+    result = CliRunner().invoke(farm_main, ["export", "--config", "tiny"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == str(tiny_bundle)
+    assert "--config tiny is deprecated, use --model tiny" in result.stderr
+    assert "--config" not in CliRunner().invoke(farm_main, ["export", "--help"]).output  # hidden
+    bad = CliRunner().invoke(farm_main, ["export", "--config", "huge"])
+    assert bad.exit_code == 2 and "--config: unknown reference model 'huge'" in bad.output
+    clash = CliRunner().invoke(farm_main, ["export", "--config", "tiny", "--model", "small"])
+    assert clash.exit_code == 2 and "disagree" in clash.output
 
 
 def test_manifest_rejects_traversal_names(tmp_path, tiny_bundle):

@@ -85,7 +85,7 @@ def test_quarantine_and_restore(cli, pool_url):
 
 
 def test_sync_uses_configured_servers(cli, pool_url, tmp_path, monkeypatch):
-    import farm.devices as devices_module
+    import farm.session as session_module  # `farm pool sync` discovers through farm.session
 
     good, bad = AdbServerAddress("127.0.0.1", 15101), AdbServerAddress("127.0.0.1", 15102)
     config = tmp_path / "farm.toml"
@@ -96,15 +96,36 @@ def test_sync_uses_configured_servers(cli, pool_url, tmp_path, monkeypatch):
                                 DeviceInfo(serial="vd-2", server=str(good), state="unauthorized")]),
         bad: ServerScan(bad, [], error=f"adb server {bad} unreachable: connection refused"),
     }
-    monkeypatch.setattr(devices_module, "scan_server", lambda server, **kw: scans[server])
+    monkeypatch.setattr(session_module, "scan_server", lambda server, **kw: scans[server])
     _seed_far = {"serial": "old", "server": str(bad), "soc": "SM8550", "htp_arch": "v73"}
     with Pool.open(pool_url) as p:
         p.sync([_seed_far])
     code, out, err = cli("--config", str(config), "sync")
     assert code == 3 and f"adb server {bad} unreachable" in err  # reported, not hidden
     assert "added: vd-1, vd-2" in out and "offline: old" in out
+    assert "1 device(s) present on 1 of 2 adb server(s)" in out
     with Pool.open(pool_url) as p:
         states = {d.device.serial: (d.device.state, d.device.reason) for d in p.status().devices}
     assert states["vd-1"] == ("available", "")
     assert states["vd-2"][0] == "offline" and "unauthorized" in states["vd-2"][1]
     assert states["old"][0] == "offline"
+
+
+def test_config_and_url_are_accepted_before_and_after_the_subcommand(pool_url, tmp_path, monkeypatch):
+    from farm.cli.main import main
+
+    monkeypatch.delenv("PTEFARM_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    _seed(pool_url, "dev0")
+    config = tmp_path / "farm.toml"
+    config.write_text(f'[farm]\nhome = "{tmp_path / "home"}"\n[pool]\nurl = "{pool_url}"\n')
+    for args in (["pool", "--config", str(config), "status", "--json"],
+                 ["pool", "status", "--config", str(config), "--json"],
+                 ["pool", "status", "--json", "--url", pool_url],
+                 ["pool", "--config", str(tmp_path / "missing.toml"), "status", "--config", str(config),
+                  "--json"]):  # the sub-command's value wins
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, (args, result.output)
+        assert [d["serial"] for d in json.loads(result.stdout)["devices"]] == ["dev0"], args
+    missing = CliRunner().invoke(main, ["pool", "status", "--config", str(tmp_path / "missing.toml")])
+    assert missing.exit_code == 2 and "missing.toml: config file not found" in missing.output

@@ -21,18 +21,14 @@ from rich.progress import (
 from rich.table import Table
 
 from farm import bundle as bundle_mod
-from farm.config import FarmConfig, finite_seconds, load_config
+from farm.cli.options import config_option, farm_config, json_option
+from farm.config import FarmConfig, finite_seconds
 from farm.deploy import VERIFY_LEVELS, DeployReport, deploy
 from farm.devices import Device, DeviceInfo, find_device, scan_server
 from farm.errors import UsageError
 from farm.run import RunnerFailed, RunResult, run
 from farm.runprofile import UPDATERS, RunRequest
 from farm.vocab import Updater
-
-config_option = click.option("--config", "config_path", type=click.Path(dir_okay=False),
-                             default=None, help="farm.toml (default: $PTEFARM_CONFIG, ./farm.toml)")
-json_option = click.option("--json", "as_json", is_flag=True, help="print JSON instead of text")
-
 
 def _check_timeout(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     return finite_seconds(value, "--timeout")
@@ -69,9 +65,9 @@ def _device_row(d: DeviceInfo, with_server: bool) -> list[str]:
 @click.command("devices")
 @config_option
 @json_option
-def devices(config_path: str | None, as_json: bool) -> None:
+def devices(as_json: bool) -> None:
     """List every device of every configured adb server with its attributes."""
-    config = load_config(config_path)
+    config = farm_config()
     scans = [scan_server(s, workspace_root=config.run.workspace) for s in config.adb_servers]
     if as_json:
         click.echo(json.dumps({
@@ -128,10 +124,9 @@ def _deploy_with_progress(device: Device, bundle: bundle_mod.Bundle, verify: str
               help="fast: trust the device's record when size+mtime match; full: sha256 every file")
 @config_option
 @json_option
-def deploy_cmd(manifest: str, serial: str, verify: str, config_path: str | None,
-               as_json: bool) -> None:
+def deploy_cmd(manifest: str, serial: str, verify: str, as_json: bool) -> None:
     """Push a bundle to a device's workspace, skipping files it already holds."""
-    config = load_config(config_path)
+    config = farm_config()
     bundle = bundle_mod.load(manifest, verify=True)  # sizes, sha256, paths: before any device
     device = _open_device(config, serial)
     report = _deploy_with_progress(device, bundle, verify, timeout=min(config.run.command_timeout_s, 120.0),
@@ -170,14 +165,14 @@ def _print_result(result: RunResult) -> None:
 def run_cmd(manifest: str, serial: str, prompts: tuple[str, ...], system_prompt: str | None,
             mode: str, updater: str, seq_len: int, temperature: float, num_iters: int,
             seed: int | None, timeout: float | None, out_dir: str | None, no_deploy: bool,
-            config_path: str | None, as_json: bool) -> None:
+            as_json: bool) -> None:
     """Deploy a bundle (cached) and run its runner on a device; prints the generated text."""
     for prompt in prompts:
         _check_text("--prompt", prompt)
     _check_text("--system-prompt", system_prompt)
     if not math.isfinite(temperature):
         raise UsageError(f"--temperature: must be a finite number, got {temperature!r}")
-    config = load_config(config_path)
+    config = farm_config()
     bundle = bundle_mod.load(manifest)
     if not no_deploy:
         bundle_mod.verify_bundle(bundle)  # a corrupt or changed file is refused before any device

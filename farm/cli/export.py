@@ -4,23 +4,38 @@ from __future__ import annotations
 
 import click
 
+from farm.errors import UsageError
 from farm.model.config import CONFIGS
+
+DEFAULT_MODEL = "tiny"
 
 
 @click.command()
-@click.option("--config", "config_name", default="tiny", show_default=True,
-              help=f"reference model config: {', '.join(CONFIGS)}")
+@click.option("--model", "model_name", default=None,
+              help=f"reference model config: {', '.join(CONFIGS)} [default: {DEFAULT_MODEL}]")
+@click.option("--config", "deprecated_config", default=None, hidden=True,
+              help="deprecated alias of --model (everywhere else --config is the farm config)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="bundle cache directory [default: $PTEFARM_HOME/exports]")
-def export(config_name: str, out_dir: str | None) -> None:
+def export(model_name: str | None, deprecated_config: str | None, out_dir: str | None) -> None:
     """Export the reference llama bundle: kv and hybrid .pte (XNNPACK), tokenizer, manifest.
 
-    Cached by content: exporting the same config again is instant. The last line printed is the
-    manifest's path, for scripts: MANIFEST=$(farm export | tail -n1).
+    Cached by content: exporting the same model again is instant. The last line printed is the
+    manifest's path, for scripts: MANIFEST=$(farm export --model tiny | tail -n1).
     """
     from farm.export import MANIFEST, bundle_dir, export_bundle
 
-    if not (bundle_dir(config_name, out_dir) / MANIFEST).is_file():
-        click.echo(f"exporting the {config_name} reference bundle (cached afterwards) ...", err=True)
-    manifest = export_bundle(config_name, out_dir)
+    if deprecated_config is not None:
+        click.echo(f"farm export: warning: --config {deprecated_config} is deprecated, use --model "
+                   f"{deprecated_config}", err=True)
+        if model_name is not None and model_name != deprecated_config:
+            raise UsageError(f"--model {model_name} and --config {deprecated_config} disagree: "
+                             f"give --model only")
+    name = model_name or deprecated_config or DEFAULT_MODEL
+    if name not in CONFIGS:
+        flag = "--model" if model_name or not deprecated_config else "--config"
+        raise UsageError(f"{flag}: unknown reference model {name!r} (known: {', '.join(CONFIGS)})")
+    if not (bundle_dir(name, out_dir) / MANIFEST).is_file():
+        click.echo(f"exporting the {name} reference bundle (cached afterwards) ...", err=True)
+    manifest = export_bundle(name, out_dir)
     click.echo(str(manifest))

@@ -14,15 +14,19 @@ import datetime as dt
 import json
 import shlex
 import sys
-from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from farm.config import FarmConfig, finite_seconds, load_config
+from farm.cli.options import config_option, farm_config, json_option, pool_url_option
+from farm.config import finite_seconds
 from farm.errors import AdbError
 from farm.pool import Event, Holder, LeaseRequest, Pool, PoolStatus
+
+# What `farm pool sync` reports, from the events the sync wrote: (label, event kind).
+SYNC_CHANGES = (("added", "added"), ("back online", "online"), ("offline", "offline"),
+                ("updated", "updated"))
 
 
 def _seconds(flag: str, *, allow_zero: bool = False):
@@ -30,54 +34,46 @@ def _seconds(flag: str, *, allow_zero: bool = False):
     return lambda ctx, param, value: finite_seconds(value, flag, allow_zero=allow_zero)
 
 
-def _config(ctx: click.Context) -> FarmConfig:
-    return ctx.obj["config"]
+def pool_options(f):
+    """``--config`` and ``--url``, accepted on ``farm pool`` and after each of its sub-commands."""
+    return config_option(pool_url_option(f))
 
 
-def _open(ctx: click.Context) -> Pool:
-    config = _config(ctx)
-    url = ctx.obj["url"]
-    if url:
-        return Pool.open(url, quarantine_after=config.pool.quarantine_after,
-                         default_ttl_s=config.pool.lease_ttl_s,
-                         default_timeout_s=config.pool.acquire_timeout_s)
-    return Pool.from_config(config)
+def _open() -> Pool:
+    return Pool.from_config(farm_config())
 
 
 @click.group("pool")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False),
-              help="Farm config (default: $PTEFARM_CONFIG, ./farm.toml, else built-in defaults).")
-@click.option("--url", default=None, help="Pool URL, overriding the config's pool.url.")
-@click.pass_context
-def pool(ctx: click.Context, config_path: str | None, url: str | None) -> None:
+@pool_options
+def pool() -> None:
     """The shared device pool: leases, queue, health."""
-    ctx.obj = {"config": load_config(config_path), "url": url}
 
 
 @pool.command()
-@click.pass_context
-def sync(ctx: click.Context) -> None:
-    """Discover devices on the configured adb servers into the pool."""
-    from farm.devices import (
-        scan_server,  # adb only here: the pool library does not need it
-    )
+@pool_options
+def sync() -> None:
+    """Discover devices on the configured adb servers into the pool.
 
-    config = _config(ctx)
-    infos: list[Any] = []
-    unreachable = []
-    for server in config.adb_servers:
-        scan = scan_server(server, workspace_root=config.run.workspace)
-        if scan.error:
-            # Its devices cannot be used: they go offline like any vanished device.
-            unreachable.append(scan.error)
-        infos.extend(scan.devices)
-    with _open(ctx) as p:
-        report = p.sync(infos, servers=config.adb_servers)
-    for label, serials in (("added", report.added), ("back online", report.returned),
-                           ("offline", report.vanished), ("updated", report.updated)):
+    A server that does not answer is reported and its devices go offline; the others are synced
+    all the same (exit code 3 when any server did not answer)."""
+    from farm.session import open_farm  # adb only here: the pool library does not need it
+
+    config = farm_config()
+    with _open() as p:
+        last = p.history(limit=1)
+    with open_farm(config) as farm:  # discovers every server and syncs the pool once
+        events = farm.pool.history(after_id=last[-1].id if last else 0, limit=None)
+        status = farm.pool.status()
+        unreachable = list(farm.unreachable)
+    servers = {str(s) for s in config.adb_servers}
+    ours = {d.device.serial: d.device for d in status.devices if d.device.server in servers}
+    for label, kind in SYNC_CHANGES:
+        serials = dict.fromkeys(e.serial for e in events if e.kind == kind and e.serial in ours)
         if serials:
             click.echo(f"{label}: {', '.join(serials)}")
-    click.echo(f"{len(infos)} device(s) on {len(config.adb_servers)} adb server(s)")
+    present = sum(1 for d in ours.values() if d.present)
+    click.echo(f"{present} device(s) present on {len(servers) - len(unreachable)} of {len(servers)} "
+               f"adb server(s)")
     if unreachable:
         raise AdbError("; ".join(unreachable))
 
@@ -114,11 +110,11 @@ def _status_tables(status: PoolStatus) -> list[Table]:
 
 
 @pool.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
+@json_option
+@pool_options
+def status(as_json: bool) -> None:
     """Devices, their states and holders, and the wait queue."""
-    with _open(ctx) as p:
+    with _open() as p:
         st = p.status()
     if as_json:
         click.echo(json.dumps(st.to_dict(), indent=2))
@@ -146,14 +142,14 @@ def status(ctx: click.Context, as_json: bool) -> None:
 @click.option("--purpose", default="", help="Shown to others in status and timeout errors.")
 @click.option("--format", "fmt", type=click.Choice(["token", "env", "json"]), default="token",
               show_default=True, help="token: the token only; env: shell assignments; json.")
-@click.pass_context
-def lease(ctx: click.Context, socs: tuple[str, ...], min_htp: str | None, tags: tuple[str, ...],
+@pool_options
+def lease(socs: tuple[str, ...], min_htp: str | None, tags: tuple[str, ...],
           serial: str | None, virtual: bool | None, priority: str, ttl: float | None,
           timeout: float | None, purpose: str, fmt: str) -> None:
     """Lease a device and print its token (no heartbeat: renew or release it yourself)."""
     request = LeaseRequest(socs=socs, min_htp_arch=min_htp, tags=tags, serial=serial, virtual=virtual,
                            priority=priority)
-    with _open(ctx) as p:
+    with _open() as p:
         got = p.acquire(request, Holder.current(purpose=purpose), ttl_s=ttl, timeout_s=timeout)
     if fmt == "token":
         click.echo(got.token)
@@ -170,20 +166,20 @@ def lease(ctx: click.Context, socs: tuple[str, ...], min_htp: str | None, tags: 
 @click.argument("token")
 @click.option("--ttl", type=float, default=None, callback=_seconds("--ttl"),
               help="New TTL from now (default: config).")
-@click.pass_context
-def renew(ctx: click.Context, token: str, ttl: float | None) -> None:
+@pool_options
+def renew(token: str, ttl: float | None) -> None:
     """Extend a lease taken with 'farm pool lease'."""
-    with _open(ctx) as p:
+    with _open() as p:
         info = p.renew(token, ttl if ttl is not None else p.default_ttl_s)
     click.echo(f"{info.serial}: lease renewed for {info.expires - info.renewed:g}s")
 
 
 @pool.command()
 @click.argument("token")
-@click.pass_context
-def release(ctx: click.Context, token: str) -> None:
+@pool_options
+def release(token: str) -> None:
     """Give a leased device back to the pool."""
-    with _open(ctx) as p:
+    with _open() as p:
         info = p.release(token)
     click.echo(f"{info.serial}: released")
 
@@ -191,20 +187,20 @@ def release(ctx: click.Context, token: str) -> None:
 @pool.command()
 @click.argument("serial")
 @click.option("--reason", required=True, help="Why: shown in status until the device is restored.")
-@click.pass_context
-def quarantine(ctx: click.Context, serial: str, reason: str) -> None:
+@pool_options
+def quarantine(serial: str, reason: str) -> None:
     """Take a device out of the pool until 'farm pool restore'."""
-    with _open(ctx) as p:
+    with _open() as p:
         p.quarantine(serial, reason)
     click.echo(f"{serial}: quarantined ({reason})")
 
 
 @pool.command()
 @click.argument("serial")
-@click.pass_context
-def restore(ctx: click.Context, serial: str) -> None:
+@pool_options
+def restore(serial: str) -> None:
     """Return a quarantined device to the pool and reset its failure count."""
-    with _open(ctx) as p:
+    with _open() as p:
         state = p.restore(serial)
     click.echo(f"{serial}: {state}")
 
@@ -227,12 +223,12 @@ def _event_line(e: Event) -> str:
 @click.option("--serial", default=None, help="Only this device.")
 @click.option("--token", default=None, help="Only this lease.")
 @click.option("--limit", type=int, default=50, show_default=True, help="Last N events.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.pass_context
-def history(ctx: click.Context, serial: str | None, token: str | None, limit: int,
+@json_option
+@pool_options
+def history(serial: str | None, token: str | None, limit: int,
             as_json: bool) -> None:
     """The event log: every state change, oldest first."""
-    with _open(ctx) as p:
+    with _open() as p:
         events = p.history(serial=serial, token=token, limit=limit)
     if as_json:
         click.echo(json.dumps([e.to_dict() for e in events], indent=2))

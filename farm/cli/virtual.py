@@ -8,19 +8,20 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from farm.config import load_config
+from farm.cli.options import config_option, farm_config, json_option
 from farm.session import parse_soc_counts
 from farm.virtual import SOC_PROFILES, VirtualDeviceSpec, VirtualFarm
 from farm.virtual.identity import load_identity
 
 
-def _farm(config_path: str | None) -> VirtualFarm:
-    config = load_config(config_path)
+def _farm() -> VirtualFarm:
+    config = farm_config()
     # Devices outlive this command: they are not tied to its pid; `farm virtual down` ends them.
     return VirtualFarm(home=config.home, adb_port=config.adb_servers[0].port, tie_to_owner=False)
 
 
 @click.group("virtual")
+@config_option
 def virtual() -> None:
     """Virtual Snapdragon devices (processes speaking ADB on loopback) for running the farm
     without phones. State: <farm home>/virtual/state.json."""
@@ -35,10 +36,8 @@ def virtual() -> None:
                    "--count for every --soc.")
 @click.option("--platform-only", is_flag=True,
               help="Omit ro.soc.model (only ro.board.platform), like older builds.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Farm config file (default: $PTEFARM_CONFIG or ./farm.toml).")
-def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool,
-       config_path: str | None) -> None:
+@config_option
+def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool) -> None:
     """Start virtual devices and connect them to the farm's adb server.
 
     \b
@@ -49,7 +48,7 @@ def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool,
     pairs = parse_soc_counts(socs, counts)
     specs = [VirtualDeviceSpec(soc=soc, platform_only=platform_only)
              for soc, n in pairs for _ in range(n)]
-    vf = _farm(config_path)
+    vf = _farm()
     started = vf.up(specs)  # on failure it ends what it started
     table = Table(title=f"virtual devices on adb server {vf.adb_server}")
     for col in ("serial", "SoC", "platform", "model", "pid", "workspace"):
@@ -63,22 +62,22 @@ def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool,
 
 
 @virtual.command("down")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None)
-def down(config_path: str | None) -> None:
+@config_option
+def down() -> None:
     """Disconnect and stop every virtual device and the adb server `up` started (also after a
     crash)."""
-    vf = _farm(config_path)
+    vf = _farm()
     n = len(vf.devices)
     vf.down()
     click.echo(f"stopped {n} virtual device(s)")
 
 
 @virtual.command("ls")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None)
-def ls(as_json: bool, config_path: str | None) -> None:
+@json_option
+@config_option
+def ls(as_json: bool) -> None:
     """List the virtual devices, whether their process runs and their adb state."""
-    vf = _farm(config_path)
+    vf = _farm()
     statuses = vf.ls()
     if as_json:
         click.echo(json.dumps({
