@@ -14,6 +14,8 @@ import datetime as dt
 import json
 import shlex
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 import click
 from rich.console import Console
@@ -23,6 +25,8 @@ from farm.cli.options import config_option, farm_config, json_option, pool_url_o
 from farm.config import finite_seconds
 from farm.errors import AdbError
 from farm.pool import Event, Holder, LeaseRequest, Pool, PoolStatus
+
+T = TypeVar("T")
 
 # What `farm pool sync` reports, from the events the sync wrote: (label, event kind).
 SYNC_CHANGES = (("added", "added"), ("back online", "online"), ("offline", "offline"),
@@ -43,14 +47,24 @@ def _open() -> Pool:
     return Pool.from_config(farm_config())
 
 
+def _with_pool(call: Callable[[Pool], T]) -> T:
+    """``call`` on the configured pool, closed afterwards."""
+    with _open() as p:
+        return call(p)
+
+
 @click.group("pool")
 @pool_options
 def pool() -> None:
     """The shared device pool: leases, queue, health."""
 
 
-@pool.command()
-@pool_options
+def pool_command(f):
+    """A ``farm pool`` sub-command; it takes ``--config`` and ``--url`` after its name too."""
+    return pool.command()(pool_options(f))
+
+
+@pool_command
 def sync() -> None:
     """Discover devices on the configured adb servers into the pool.
 
@@ -59,8 +73,7 @@ def sync() -> None:
     from farm.session import open_farm  # adb only here: the pool library does not need it
 
     config = farm_config()
-    with _open() as p:
-        last = p.history(limit=1)
+    last = _with_pool(lambda p: p.history(limit=1))
     with open_farm(config) as farm:  # discovers every server and syncs the pool once
         events = farm.pool.history(after_id=last[-1].id if last else 0, limit=None)
         status = farm.pool.status()
@@ -109,13 +122,11 @@ def _status_tables(status: PoolStatus) -> list[Table]:
     return tables
 
 
-@pool.command()
+@pool_command
 @json_option
-@pool_options
 def status(as_json: bool) -> None:
     """Devices, their states and holders, and the wait queue."""
-    with _open() as p:
-        st = p.status()
+    st = _with_pool(Pool.status)
     if as_json:
         click.echo(json.dumps(st.to_dict(), indent=2))
         return
@@ -127,7 +138,7 @@ def status(as_json: bool) -> None:
         console.print(table)
 
 
-@pool.command()
+@pool_command
 @click.option("--soc", "socs", multiple=True, help="Acceptable SoC (repeatable), e.g. SM8650.")
 @click.option("--min-htp", default=None, help="Minimum HTP arch, e.g. v73.")
 @click.option("--tag", "tags", multiple=True, help="Required device tag (repeatable).")
@@ -142,15 +153,14 @@ def status(as_json: bool) -> None:
 @click.option("--purpose", default="", help="Shown to others in status and timeout errors.")
 @click.option("--format", "fmt", type=click.Choice(["token", "env", "json"]), default="token",
               show_default=True, help="token: the token only; env: shell assignments; json.")
-@pool_options
 def lease(socs: tuple[str, ...], min_htp: str | None, tags: tuple[str, ...],
           serial: str | None, virtual: bool | None, priority: str, ttl: float | None,
           timeout: float | None, purpose: str, fmt: str) -> None:
     """Lease a device and print its token (no heartbeat: renew or release it yourself)."""
     request = LeaseRequest(socs=socs, min_htp_arch=min_htp, tags=tags, serial=serial, virtual=virtual,
                            priority=priority)
-    with _open() as p:
-        got = p.acquire(request, Holder.current(purpose=purpose), ttl_s=ttl, timeout_s=timeout)
+    got = _with_pool(lambda p: p.acquire(request, Holder.current(purpose=purpose), ttl_s=ttl,
+                                         timeout_s=timeout))
     if fmt == "token":
         click.echo(got.token)
     elif fmt == "json":
@@ -162,46 +172,38 @@ def lease(socs: tuple[str, ...], min_htp: str | None, tags: tuple[str, ...],
             click.echo(f"{key}={shlex.quote(value)}")
 
 
-@pool.command()
+@pool_command
 @click.argument("token")
 @click.option("--ttl", type=float, default=None, callback=_seconds("--ttl"),
               help="New TTL from now (default: config).")
-@pool_options
 def renew(token: str, ttl: float | None) -> None:
     """Extend a lease taken with 'farm pool lease'."""
-    with _open() as p:
-        info = p.renew(token, ttl if ttl is not None else p.default_ttl_s)
+    info = _with_pool(lambda p: p.renew(token, ttl if ttl is not None else p.default_ttl_s))
     click.echo(f"{info.serial}: lease renewed for {info.expires - info.renewed:g}s")
 
 
-@pool.command()
+@pool_command
 @click.argument("token")
-@pool_options
 def release(token: str) -> None:
     """Give a leased device back to the pool."""
-    with _open() as p:
-        info = p.release(token)
+    info = _with_pool(lambda p: p.release(token))
     click.echo(f"{info.serial}: released")
 
 
-@pool.command()
+@pool_command
 @click.argument("serial")
 @click.option("--reason", required=True, help="Why: shown in status until the device is restored.")
-@pool_options
 def quarantine(serial: str, reason: str) -> None:
     """Take a device out of the pool until 'farm pool restore'."""
-    with _open() as p:
-        p.quarantine(serial, reason)
+    _with_pool(lambda p: p.quarantine(serial, reason))
     click.echo(f"{serial}: quarantined ({reason})")
 
 
-@pool.command()
+@pool_command
 @click.argument("serial")
-@pool_options
 def restore(serial: str) -> None:
     """Return a quarantined device to the pool and reset its failure count."""
-    with _open() as p:
-        state = p.restore(serial)
+    state = _with_pool(lambda p: p.restore(serial))
     click.echo(f"{serial}: {state}")
 
 
@@ -219,17 +221,15 @@ def _event_line(e: Event) -> str:
     return "  ".join(bits)
 
 
-@pool.command()
+@pool_command
 @click.option("--serial", default=None, help="Only this device.")
 @click.option("--token", default=None, help="Only this lease.")
 @click.option("--limit", type=int, default=50, show_default=True, help="Last N events.")
 @json_option
-@pool_options
 def history(serial: str | None, token: str | None, limit: int,
             as_json: bool) -> None:
     """The event log: every state change, oldest first."""
-    with _open() as p:
-        events = p.history(serial=serial, token=token, limit=limit)
+    events = _with_pool(lambda p: p.history(serial=serial, token=token, limit=limit))
     if as_json:
         click.echo(json.dumps([e.to_dict() for e in events], indent=2))
         return

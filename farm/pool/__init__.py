@@ -2,24 +2,9 @@
 host) or PostgreSQL (many hosts). See farm.pool.leases for the API."""
 
 from farm.pool.leases import Lease, Pool
-from farm.pool.model import (
-                             AVAILABLE,
-                             LEASED,
-                             OFFLINE,
-                             PRIORITIES,
-                             QUARANTINED,
-                             DeviceRecord,
-                             DeviceState,
-                             DeviceStatus,
-                             Event,
-                             Holder,
-                             LeaseInfo,
-                             LeaseRequest,
-                             PoolStatus,
-                             QueueEntry,
-                             SyncReport,
-                             parse_priority,
-)
+from farm.pool.model import (AVAILABLE, LEASED, OFFLINE, PRIORITIES, QUARANTINED, DeviceRecord,
+                             DeviceState, DeviceStatus, Event, Holder, LeaseInfo, LeaseRequest,
+                             PoolStatus, QueueEntry, SyncReport, parse_priority)
 
 __all__ = ["AVAILABLE", "LEASED", "OFFLINE", "PRIORITIES", "QUARANTINED", "DeviceRecord",
            "DeviceState", "DeviceStatus", "Event", "Holder", "Lease", "LeaseInfo", "LeaseRequest", "Pool",
