@@ -482,9 +482,12 @@ def adb_server_killed(lab: Lab) -> Observation:
     lab.test_file(["one", "two", "three"])
 
     def kill_server(d):
-        pid = lab.vf.server._pid()
-        if pid:
-            os.kill(pid, signal.SIGKILL)
+        import psutil
+
+        port = lab.vf.adb_server.port  # the adb process itself, whoever started or watches it
+        for conn in psutil.net_connections("tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+                os.kill(conn.pid, signal.SIGKILL)
     fired = threading.Event()
 
     def once(d):
@@ -492,7 +495,10 @@ def adb_server_killed(lab: Lab) -> Observation:
             fired.set()
             kill_server(d)
     _first_device_watch(lab, devices, "runner.pid", once)
-    proc = lab.pytest()
+    from farm.session import healing
+
+    with healing(lab.vf):  # the lab owns the server, as `farm virtual up`'s host does
+        proc = lab.pytest()
     names = [f"test_generate[SM8650-{p}]" for p in ("one", "two", "three")]
     outcomes = _kept(obs, lab, names)
     obs.check("no test failed (errors or passes only)", "failed" not in outcomes.values())
@@ -502,6 +508,8 @@ def adb_server_killed(lab: Lab) -> Observation:
     obs.check("the verdict is pass or infra-error", verdict in ("pass", "infra-error"))
     errors = [r["message"] for r in lab.records() if r["outcome"] == "error"]
     obs.check("an error names the adb server", all("adb server" in m for m in errors))
+    spoiled = [a["reason"] for r in lab.records() for a in r.get("attempts", [])] + errors
+    obs.check("the cut-off command was blamed on the server", any("AdbServerDown" in a for a in spoiled))
     obs.observed = f"adb server SIGKILLed mid-run: verdict {verdict}, " + \
         ", ".join(f"{k.split('-')[-1].rstrip(']')} {v}" for k, v in sorted(outcomes.items()))
     _ = proc
@@ -513,19 +521,16 @@ import os, shlex, sys, time
 from farm.pool import Pool, LeaseRequest, Holder
 from farm.devices import find_device
 from farm.config import AdbServerAddress
+from farm.fence import FencedDevice
 pool = Pool.open(sys.argv[1])
 lease = pool.acquire(LeaseRequest(socs=("SM8650",)), Holder.current(purpose="chaos holder"),
                      ttl_s=float(sys.argv[3]), timeout_s=30)
 lease.start_heartbeat()
-device = find_device([AdbServerAddress.parse(sys.argv[2])], lease.serial)
+device = FencedDevice(find_device([AdbServerAddress.parse(sys.argv[2])], lease.serial), lease)
+device.claim()
 print(lease.serial, flush=True)
 i = 0
 while True:
-    check = getattr(lease, "check", None)
-    if check is not None:
-        check()
-    elif lease.lost is not None:
-        raise SystemExit(f"lease lost: {lease.lost}")
     device.shell(f"echo {i} >> {shlex.quote(device.workspace + '/holder.log')}", timeout=10)
     i += 1
     time.sleep(0.2)

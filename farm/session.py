@@ -17,13 +17,14 @@ import contextlib
 import json
 import logging
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from farm.config import AdbServerAddress, FarmConfig
 from farm.devices import DeviceInfo, scan_server
-from farm.errors import AdbError, UsageError
+from farm.errors import AdbError, InfraError, UsageError
 from farm.pool import AVAILABLE, LEASED, Pool
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,35 @@ class Farm:
 
 
 @contextlib.contextmanager
+def healing(vf, interval_s: float = 1.0) -> Iterator[threading.Thread]:
+    """While the block runs, the owner of virtual devices keeps their adb server up: a server that
+    died (killed, crashed) is restarted and the live devices reconnected (``VirtualFarm.heal``,
+    bounded). Tests see an ``AdbServerDown`` for the commands cut off, then a working farm again."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(interval_s):
+            try:
+                report = vf.heal()
+                if report.changed:
+                    log.warning("healed %s: restarted=%s, reconnected %s", report.server,
+                                report.server_restarted, report.reconnected)
+            except InfraError as e:
+                log.warning("cannot heal the virtual devices' adb server: %s", e)
+                return
+            except Exception as e:  # never let the watcher take the run down
+                log.warning("adb server watcher: %s: %s", type(e).__name__, e)
+
+    thread = threading.Thread(target=watch, name="ptefarm-adb-healer", daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+@contextlib.contextmanager
 def open_farm(config: FarmConfig, *, virtual: Sequence[tuple[str, int]] = (),
               workdir: Path | None = None) -> Iterator[Farm]:
     """Open the configured farm, or with ``virtual`` a private one: fresh virtual devices on an adb
@@ -175,6 +205,7 @@ def open_farm(config: FarmConfig, *, virtual: Sequence[tuple[str, int]] = (),
             workdir.mkdir(parents=True, exist_ok=True)
             vf = stack.enter_context(VirtualFarm(home=workdir / "farm", adb_port=None))
             vf.up(specs)
+            stack.enter_context(healing(vf))
             address = FarmAddress(pool_url=f"sqlite:///{workdir / 'pool.db'}",
                                   servers=(str(vf.adb_server),), workspace=config.run.workspace,
                                   virtual=True, **timeouts)
