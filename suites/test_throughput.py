@@ -47,7 +47,8 @@ def measure(llm, farm, thresholds: Thresholds, *, mode: str, seq_len: int, updat
     reports every iteration; separate invocations otherwise."""
     limit = farm.options.max_temp_c or (None if llm.device.virtual else PHONE_MAX_TEMP_C)
     if limit is not None:
-        llm.device.wait_cool(limit, farm.options.cool_timeout_s)
+        temp = llm.device.wait_cool(limit, farm.options.cool_timeout_s)
+        llm.record("battery_temp_c", "unknown" if temp is None else f"{temp:.1f}")
     total = thresholds.warmup + thresholds.runs
     result = llm.generate(thresholds.prompt, updater=updater, mode=mode, seq_len=seq_len,
                           num_iters=total)

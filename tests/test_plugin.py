@@ -356,3 +356,36 @@ def test_a_crashed_workers_test_runs_again_elsewhere(tiny_bundle, tmp_path):
     assert "crashed" in records["test_crash_once[SM8650]"]["attempts"][0]["reason"]
     assert records["test_other[SM8650]"]["outcome"] == "passed"
     assert results_json(out)["meta"]["verdict"] == "pass"
+
+
+def test_a_hot_phone_is_waited_for_and_never_measured_hot(virtual_farm, tiny_bundle, tmp_path):
+    """The battery temperature is set as on a real phone (`dumpsys battery set temp 450`)."""
+    import threading
+
+    from farm.devices import find_device
+
+    [dev] = virtual_farm.up([VirtualDeviceSpec(soc="SM8650")])
+    adb = find_device([virtual_farm.adb_server], dev.serial)
+    config = farm_toml(tmp_path / "farm.toml", virtual_farm.adb_server.port, _pool_url(tmp_path))
+    thresholds = tmp_path / "thresholds.toml"
+    thresholds.write_text('warmup = 0\nruns = 1\n[[min]]\nsoc = "*"\nmode = "kv"\nseq_len = 48\n'
+                          'updater = "SmartMask"\ntok_s = 1.0\n')
+    out = tmp_path / "out"
+    args = [str(SUITES / "test_throughput.py"), "-k", "min_throughput", "--farm-config", str(config),
+            "--farm-bundle", str(tiny_bundle), "--farm-thresholds", str(thresholds),
+            "--farm-max-temp", "40", "--farm-retries", "0", "--farm-out", str(out)]
+    assert adb.shell("dumpsys battery set temp 450", timeout=10).exit_code == 0
+    proc = run_pytest([*args, "--farm-cool-timeout", "2"], cwd=tmp_path)  # stays hot
+    assert proc.returncode == 1, explain(proc)
+    [case] = junit_cases(out)
+    assert case.outcome == "error" and "45.0 C" in case.message and "too hot" in case.message
+
+    cooled = threading.Timer(2.0, lambda: adb.shell("dumpsys battery reset", timeout=10))
+    cooled.start()
+    try:
+        proc = run_pytest([*args, "--farm-cool-timeout", "120"], cwd=tmp_path)  # cools while waiting
+    finally:
+        cooled.cancel()
+    assert proc.returncode == 0, explain(proc)
+    [case] = junit_cases(out)
+    assert case.outcome == "passed" and case.properties["battery_temp_c"] == "31.2"

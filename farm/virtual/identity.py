@@ -137,7 +137,8 @@ def create_device_root(root: Path, identity: DeviceIdentity) -> None:
     write_atomic(props_file, "".join(f"{k}={v}\n" for k, v in identity.props.items()))
     _write_tool(root / "bin" / "getprop", GETPROP.format(props=shlex.quote(str(props_file))))
     _write_tool(root / "bin" / "dumpsys", DUMPSYS.format(
-        level=identity.battery_level, temperature=identity.battery_temperature_tenths))
+        level=identity.battery_level, temperature=identity.battery_temperature_tenths,
+        state=shlex.quote(str(root / "battery"))))
     if identity.free_bytes is not None:
         _write_tool(root / "bin" / "df", DF.format(kib=identity.free_bytes // 1024))
 
@@ -169,8 +170,20 @@ fi
 """
 
 DUMPSYS = """#!/bin/sh
-# dumpsys of a virtual device: only 'dumpsys battery' (temperature in tenths of a degree C).
+# dumpsys of a virtual device: only 'dumpsys battery' (temperature in tenths of a degree C), with
+# Android's 'dumpsys battery set temp|level N' and 'dumpsys battery reset' to simulate a hot phone.
 if [ "$1" != battery ]; then echo "Can't find service: $1" >&2; exit 1; fi
+state={state}
+if [ "$2" = set ]; then
+  case "$3" in
+    temp|level) case "$4" in ""|*[!0-9]*) echo "Bad value: $4" >&2; exit 1;; esac
+                printf %s "$4" > "$state.$3"; exit 0;;
+    *) echo "Unknown set option: $3" >&2; exit 1;;
+  esac
+fi
+if [ "$2" = reset ]; then rm -f "$state.temp" "$state.level"; exit 0; fi
+temperature=$(cat "$state.temp" 2>/dev/null || echo {temperature})
+level=$(cat "$state.level" 2>/dev/null || echo {level})
 cat <<EOF
 Current Battery Service state:
   AC powered: false
@@ -180,10 +193,10 @@ Current Battery Service state:
   status: 2
   health: 2
   present: true
-  level: {level}
+  level: $level
   scale: 100
   voltage: 4312
-  temperature: {temperature}
+  temperature: $temperature
   technology: Li-ion
 EOF
 """
