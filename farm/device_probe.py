@@ -37,6 +37,10 @@ _PROBE = ("mkdir -p {q} 2>/dev/null; echo @@df; df -k {q} 2>/dev/null; "
 
 @dataclass
 class DeviceInfo:
+    """What discovery learnt of one device: the record that goes from discovery to the pool
+    (``Pool.sync``), to ``farm devices`` and to the reports. ``state`` is adb's ("device" when usable);
+    ``error`` says why a listed device could not be probed."""
+
     serial: str
     server: str
     state: str = "device"
@@ -53,6 +57,7 @@ class DeviceInfo:
     battery_level: int | None = None
     battery_temp_c: float | None = None
     thermal: dict[str, float] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()  # labels the pool matches lease requests against (e.g. "usb3")
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:

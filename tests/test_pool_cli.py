@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from farm.config import AdbServerAddress
 from farm.devices import DeviceInfo, ServerScan
 from farm.pool import Pool
+from tests.support.pool import fake_device
 
 
 @pytest.fixture
@@ -33,8 +34,7 @@ def cli(pool_url, tmp_path, monkeypatch):
 
 def _seed(pool_url: str, *serials: str) -> None:
     with Pool.open(pool_url) as p:
-        p.sync([{"serial": s, "server": "127.0.0.1:15037", "soc": "SM8650", "htp_arch": "v75",
-                 "model": "m", "virtual": True} for s in serials])
+        p.sync([fake_device(s) for s in serials])
 
 
 def test_lease_status_release_history(cli, pool_url):
@@ -97,9 +97,8 @@ def test_sync_uses_configured_servers(cli, pool_url, tmp_path, monkeypatch):
         bad: ServerScan(bad, [], error=f"adb server {bad} unreachable: connection refused"),
     }
     monkeypatch.setattr(session_module, "scan_server", lambda server, **kw: scans[server])
-    _seed_far = {"serial": "old", "server": str(bad), "soc": "SM8550", "htp_arch": "v73"}
     with Pool.open(pool_url) as p:
-        p.sync([_seed_far])
+        p.sync([fake_device("old", "SM8550", "v73", server=str(bad))])
     code, out, err = cli("--config", str(config), "sync")
     assert code == 3 and f"adb server {bad} unreachable" in err  # reported, not hidden
     assert "added: vd-1, vd-2" in out and "offline: old" in out

@@ -208,7 +208,11 @@ def test_sync_marks_vanished_offline_and_returns_them(pool):
 
 def test_sync_rejects_bad_records(pool):
     with pytest.raises(UsageError, match="serial"):
-        pool.sync([{"server": "h:1"}])
+        pool.sync([fake_device("", server="h:1")])
+    with pytest.raises(UsageError, match="server"):
+        pool.sync([fake_device("x", server="")])
+    with pytest.raises(UsageError, match="tags"):
+        pool.sync([fake_device("x", tags="usb3")])
     with pytest.raises(UsageError, match="two adb servers"):
         pool.sync([fake_device("x", server="h:1"), fake_device("x", server="h:2")])
     with pytest.raises(UsageError, match="htp_arch"):

@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from farm.errors import UsageError
-from farm.pool.model import (
-    OFFLINE,
-    QUARANTINED,
-    DeviceInfoLike,
-    DeviceRecord,
-    SyncReport,
-)
+from farm.pool.model import OFFLINE, QUARANTINED, DeviceRecord, SyncReport
 from farm.pool.rows import log_event, set_state, settled_state
 from farm.pool.store import Txn
+
+if TYPE_CHECKING:
+    from farm.device_probe import DeviceInfo
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +33,7 @@ def _device_row(txn: Txn, serial: str) -> dict[str, Any]:
     return row
 
 
-def _attrs_json(info: Any) -> str:
-    to_dict = getattr(info, "to_dict", None)
-    raw = to_dict() if callable(to_dict) else (dict(info) if isinstance(info, Mapping) else {})
-    return json.dumps(raw, sort_keys=True, default=str)
-
-
-def sync(txn: Txn, infos: Iterable[DeviceInfoLike | Mapping[str, Any]],
-         servers: Iterable[str] | None) -> SyncReport:
+def sync(txn: Txn, infos: Iterable[DeviceInfo], servers: Iterable[str] | None) -> SyncReport:
     """Make the pool agree with a discovery result.
 
     ``servers``: the adb servers that were scanned ("host:port"); only their devices can vanish, so a
@@ -53,11 +43,10 @@ def sync(txn: Txn, infos: Iterable[DeviceInfoLike | Mapping[str, Any]],
     unusable: dict[str, str] = {}  # serial -> why adb cannot use it (offline, unauthorized, probe error)
     for info in infos:
         rec = DeviceRecord.from_info(info)
-        adb_state = _field(info, "state") or "device"
+        adb_state = info.state or "device"
         if adb_state != "device":
-            error = _field(info, "error")
             unusable[rec.serial] = f"adb state '{adb_state}' on {rec.server}" + \
-                (f": {error}" if error else "")
+                (f": {info.error}" if info.error else "")
         pairs.append((rec, info))
     seen: dict[str, DeviceRecord] = {}
     for rec, _ in pairs:
@@ -74,7 +63,7 @@ def sync(txn: Txn, infos: Iterable[DeviceInfoLike | Mapping[str, Any]],
             _mark_unusable(txn, rec, row, unusable[rec.serial], report)
             continue
         attrs = (rec.server, rec.soc, rec.htp_arch, rec.model, int(rec.virtual), json.dumps(list(rec.tags)),
-                 _attrs_json(info))
+                 json.dumps(info.to_dict(), sort_keys=True, default=str))
         if row is None:
             txn.run("INSERT INTO devices (server, soc, htp_arch, model, virtual, tags, attrs, serial, "
                     "state, first_seen, last_seen, state_since) "
@@ -111,10 +100,6 @@ def sync(txn: Txn, infos: Iterable[DeviceInfoLike | Mapping[str, Any]],
                   detail=f"not found on {row['server']}" + _forget_failures(txn, row))
         report.vanished.append(serial)
     return report
-
-
-def _field(info: Any, key: str) -> Any:
-    return info.get(key) if isinstance(info, Mapping) else getattr(info, key, None)
 
 
 def _mark_unusable(txn: Txn, rec: DeviceRecord, row: dict[str, Any] | None, why: str,

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from farm.config import FarmConfig
 from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError
@@ -55,6 +55,9 @@ from farm.pool.rows import (
     set_state,
 )
 from farm.pool.store import Listener, Store, Txn, open_store
+
+if TYPE_CHECKING:
+    from farm.device_probe import DeviceInfo
 
 log = logging.getLogger(__name__)
 
@@ -417,10 +420,10 @@ class Pool:
 
     # -- health --------------------------------------------------------------------------------
 
-    def sync(self, devices: list[Any], servers: list[Any] | None = None) -> SyncReport:
-        """Merge a discovery result (DeviceInfo-like objects or dicts) into the pool. Devices of the
-        scanned ``servers`` (all servers if None) that are missing go offline; returning ones come
-        back."""
+    def sync(self, devices: list[DeviceInfo], servers: list[Any] | None = None) -> SyncReport:
+        """Merge a discovery result into the pool. Devices of the scanned ``servers`` (adb server
+        addresses or "host:port"; all servers if None) that are missing go offline; returning ones
+        come back."""
         with self._write() as txn:
             return health.sync(txn, devices, None if servers is None else [str(s) for s in servers])
 

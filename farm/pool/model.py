@@ -11,12 +11,14 @@ import json
 import os
 import re
 import socket
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from farm.errors import UsageError
 from farm.vocab import DeviceState
+
+if TYPE_CHECKING:  # the pool reads a DeviceInfo's attributes; it does not need adb to be importable
+    from farm.device_probe import DeviceInfo
 
 # Device states (see farm.vocab.DeviceState), under the names the pool code has always used.
 AVAILABLE = DeviceState.AVAILABLE
@@ -55,17 +57,6 @@ def htp_arch_number(value: str | int | None, *, what: str = "htp_arch") -> int |
     return int(m.group(1))
 
 
-class DeviceInfoLike(Protocol):
-    """What ``Pool.sync`` needs from discovery (farm.devices.DeviceInfo fits; so does a dict)."""
-
-    serial: str
-    server: Any  # AdbServerAddress or "host:port"
-    soc: str | None
-    htp_arch: str | None
-    model: str | None
-    virtual: bool
-
-
 @dataclass(frozen=True)
 class DeviceRecord:
     """A device as the pool stores it: identity and attributes from discovery, plus pool state."""
@@ -83,26 +74,19 @@ class DeviceRecord:
     infra_failures: int = 0
 
     @classmethod
-    def from_info(cls, info: DeviceInfoLike | Mapping[str, Any]) -> DeviceRecord:
-        """Normalize a discovery record (DeviceInfo or a dict) into identity + attributes."""
-        get = info.get if isinstance(info, Mapping) else (lambda k, d=None: getattr(info, k, d))
-        serial = get("serial")
-        if not serial or not isinstance(serial, str):
+    def from_info(cls, info: DeviceInfo) -> DeviceRecord:
+        """The pool's identity and attributes of a device discovery found (its pool state is the
+        pool's to set); a field the pool cannot use is a UsageError naming the device."""
+        if not info.serial or not isinstance(info.serial, str):
             raise UsageError(f"device record {info!r}: field 'serial' must be a non-empty string")
-        server = get("server")
-        if isinstance(server, Mapping):
-            server = f"{server.get('host', '127.0.0.1')}:{server.get('port')}"
-        if not server:
-            raise UsageError(f"device {serial}: field 'server' is missing")
-        arch = get("htp_arch")
-        htp_arch_number(arch, what=f"device {serial}: field 'htp_arch'")  # validates
-        tags = get("tags") or ()
-        if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
-            raise UsageError(f"device {serial}: field 'tags' must be a list of strings")
-        return cls(serial=serial, server=str(server), soc=(get("soc") or None),
-                   htp_arch=(str(arch) if arch not in (None, "") else None),
-                   model=get("model") or None, virtual=bool(get("virtual", False)),
-                   tags=tuple(sorted(set(tags))))
+        if not info.server:
+            raise UsageError(f"device {info.serial}: field 'server' is missing")
+        htp_arch_number(info.htp_arch, what=f"device {info.serial}: field 'htp_arch'")  # validates
+        if isinstance(info.tags, str) or not all(isinstance(t, str) for t in info.tags):
+            raise UsageError(f"device {info.serial}: field 'tags' must be a list of strings")
+        return cls(serial=info.serial, server=str(info.server), soc=info.soc or None,
+                   htp_arch=info.htp_arch or None, model=info.model or None,
+                   virtual=bool(info.virtual), tags=tuple(sorted(set(info.tags))))
 
     @property
     def htp_arch_num(self) -> int | None:

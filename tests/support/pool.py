@@ -26,6 +26,8 @@ from urllib.parse import quote
 
 import pytest
 
+from farm.device_probe import DeviceInfo
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 PG_ENV = "PTEFARM_TEST_PG_URL"
@@ -47,10 +49,10 @@ def with_search_path(url: str, schema: str) -> str:
 
 def fake_device(serial: str, soc: str = "SM8650", htp_arch: str | None = "v75", *,
                 server: str = "127.0.0.1:15037", virtual: bool = True, tags: tuple[str, ...] = (),
-                state: str = "device") -> dict[str, Any]:
-    """A discovery record as farm.devices.DeviceInfo.to_dict() would give it."""
-    return {"serial": serial, "server": server, "soc": soc, "htp_arch": htp_arch,
-            "model": f"Virtual {soc}", "virtual": virtual, "tags": list(tags), "state": state}
+                state: str = "device") -> DeviceInfo:
+    """A discovery record (what farm.devices.discover would report) for ``Pool.sync``."""
+    return DeviceInfo(serial=serial, server=server, state=state, soc=soc, htp_arch=htp_arch,
+                      model=f"Virtual {soc}", virtual=virtual, tags=tags)
 
 
 @pytest.fixture
