@@ -82,13 +82,13 @@ def ls(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({
             "adb_server": str(vf.adb_server),
-            "devices": [{**s.record.to_json(), "alive": s.alive, "adb_state": s.adb_state}
+            "devices": [{**s.process.to_json(), "alive": s.alive, "adb_state": s.adb_state}
                         for s in statuses]}, indent=1))
         return
     table = Table(title=f"virtual devices on adb server {vf.adb_server}")
     for col in ("serial", "SoC", "pid", "process", "adb state", "root"):
         table.add_column(col)
     for s in statuses:
-        table.add_row(s.record.serial, s.record.soc, str(s.record.pid),
-                      "running" if s.alive else "dead", s.adb_state, str(s.record.root))
+        table.add_row(s.process.serial, s.process.soc, str(s.process.pid),
+                      "running" if s.alive else "dead", s.adb_state, str(s.process.root))
     Console().print(table)

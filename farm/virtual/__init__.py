@@ -3,13 +3,7 @@ server. See :class:`VirtualFarm` for the API tests use and ``farm virtual`` for 
 
 from farm.virtual.faults import Faults
 from farm.virtual.identity import SOC_PROFILES, VirtualDeviceSpec
-from farm.virtual.manager import VirtualDeviceStatus, VirtualDeviceRecord, VirtualFarm
+from farm.virtual.manager import VirtualDeviceProcess, VirtualDeviceStatus, VirtualFarm
 
-__all__ = [
-           "SOC_PROFILES",
-           "VirtualDeviceStatus",
-           "Faults",
-           "VirtualDeviceRecord",
-           "VirtualDeviceSpec",
-           "VirtualFarm",
-]
+__all__ = ["SOC_PROFILES", "Faults", "VirtualDeviceProcess", "VirtualDeviceSpec", "VirtualDeviceStatus",
+           "VirtualFarm"]

@@ -85,6 +85,10 @@ class VirtualDeviceSpec:
 
 @dataclass(frozen=True)
 class DeviceIdentity:
+    """What a virtual device announces about itself (its system properties, free space, battery),
+    stored in its root. Internal to farm.virtual: the farm learns it through adb, as a
+    farm.devices.DeviceInfo, like a phone's."""
+
     props: dict[str, str]
     free_bytes: int | None
     battery_level: int = 87

@@ -42,7 +42,11 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class VirtualDeviceRecord:
+class VirtualDeviceProcess:
+    """A running virtual device: its process (pid), the loopback port it listens on and the root
+    directory holding its state. What the device announces (props, SoC) is in that root
+    (farm.virtual.identity); what discovery learns of it is a farm.devices.DeviceInfo."""
+
     serial: str   # as the adb server lists it: 127.0.0.1:PORT
     port: int
     pid: int
@@ -60,14 +64,14 @@ class VirtualDeviceRecord:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> VirtualDeviceRecord:
+    def from_json(cls, d: dict) -> VirtualDeviceProcess:
         return cls(serial=d["serial"], port=int(d["port"]), pid=int(d["pid"]), root=Path(d["root"]),
                    soc=d["soc"], serialno=d.get("serialno", ""))
 
 
 @dataclass(frozen=True)
 class VirtualDeviceStatus:
-    record: VirtualDeviceRecord
+    process: VirtualDeviceProcess
     alive: bool        # the device process runs
     adb_state: str     # as the farm's adb server lists it, or "absent"
 
@@ -94,8 +98,8 @@ class VirtualFarm:
         self.start_timeout = start_timeout
         self._procs: dict[int, subprocess.Popen] = {}
         state = self._read_state()
-        self.devices: list[VirtualDeviceRecord] = [
-            VirtualDeviceRecord.from_json(d) for d in state.get("devices", [])]
+        self.devices: list[VirtualDeviceProcess] = [
+            VirtualDeviceProcess.from_json(d) for d in state.get("devices", [])]
         self.adb_started: bool = bool(state.get("adb_started", False))
         port = adb_port or state.get("adb_port") or free_port()
         if state and adb_port and state.get("adb_port") != adb_port:
@@ -118,14 +122,14 @@ class VirtualFarm:
     def __exit__(self, *exc) -> None:
         self.down()
 
-    def up(self, specs: list[VirtualDeviceSpec]) -> list[VirtualDeviceRecord]:
+    def up(self, specs: list[VirtualDeviceSpec]) -> list[VirtualDeviceProcess]:
         """Start one device per spec, connect each to the adb server, wait until each is 'device'."""
         for spec in specs:  # bad input is reported before anything starts
             spec.profile()
         started_server = self.server.start(timeout=self.start_timeout)
         self.adb_started = self.adb_started or started_server
         self._save()
-        started: list[VirtualDeviceRecord] = []
+        started: list[VirtualDeviceProcess] = []
         try:
             for spec in specs:
                 index = self._next_index()
@@ -133,17 +137,17 @@ class VirtualFarm:
                 root.mkdir(parents=True, exist_ok=True)
                 identity = make_identity(spec, root)
                 create_device_root(root, identity)
-                record = self._spawn(root, port=0, soc=spec.soc, serialno=identity.serialno)
-                self.devices.append(record)
-                started.append(record)
+                dev = self._spawn(root, port=0, soc=spec.soc, serialno=identity.serialno)
+                self.devices.append(dev)
+                started.append(dev)
                 self._save()
-                self._attach(record)
+                self._attach(dev)
         except BaseException:
             # Undo this call only: devices of an earlier up() stay.
-            for record in started:
-                self.server.disconnect(record.serial)
-                self._kill_device(record)
-                self.devices.remove(record)
+            for dev in started:
+                self.server.disconnect(dev.serial)
+                self._kill_device(dev)
+                self.devices.remove(dev)
             if started_server and not self.devices:
                 self.server.stop()
                 self.adb_started = False
@@ -160,17 +164,17 @@ class VirtualFarm:
         """Disconnect and end every device, stop the adb server if this farm started it, forget all.
         Works from any process, and after a crash."""
         running = self.server.is_running()
-        for record in self.devices:
+        for dev in self.devices:
             if running:
-                self.server.disconnect(record.serial)
-            self._kill_device(record)
+                self.server.disconnect(dev.serial)
+            self._kill_device(dev)
         if self.adb_started:
             self.server.stop()
         self.devices = []
         self.adb_started = False
         self.state_path.unlink(missing_ok=True)
 
-    def device(self, serial: str) -> VirtualDeviceRecord:
+    def device(self, serial: str) -> VirtualDeviceProcess:
         for r in self.devices:
             if serial in (r.serial, r.serialno):
                 return r
@@ -181,7 +185,7 @@ class VirtualFarm:
         """SIGKILL the device process (and its running commands), like a phone that dies."""
         self._kill_device(self.device(serial))
 
-    def restart(self, serial: str) -> VirtualDeviceRecord:
+    def restart(self, serial: str) -> VirtualDeviceProcess:
         """Start a killed (or running) device again on the same port with the same state."""
         old = self.device(serial)
         self._kill_device(old)
@@ -234,19 +238,19 @@ class VirtualFarm:
                 self.adb_started = True  # ours now: down() stops it
                 self._save()
         listed = self.server.devices()
-        for record in self.devices:
-            if not is_device_process(record.pid, record.root):
-                report.dead.append(record.serial)
+        for dev in self.devices:
+            if not is_device_process(dev.pid, dev.root):
+                report.dead.append(dev.serial)
                 continue
-            if record.serial in listed:
+            if dev.serial in listed:
                 continue  # "device", or a state the server itself tracks (offline: it reconnects)
             try:
-                self._attach(record)
+                self._attach(dev)
             except AdbError as e:
-                log.warning("heal: %s not reconnected: %s", record.serial, e)
-                report.failed[record.serial] = str(e)
+                log.warning("heal: %s not reconnected: %s", dev.serial, e)
+                report.failed[dev.serial] = str(e)
                 continue
-            report.reconnected.append(record.serial)
+            report.reconnected.append(dev.serial)
         return report
 
     # --- internals ---------------------------------------------------------------------------
@@ -256,7 +260,7 @@ class VirtualFarm:
                     if p.name.split("-")[0].isdigit()] if devices_dir.exists() else []
         return max(existing, default=-1) + 1
 
-    def _spawn(self, root: Path, port: int, soc: str, serialno: str) -> VirtualDeviceRecord:
+    def _spawn(self, root: Path, port: int, soc: str, serialno: str) -> VirtualDeviceProcess:
         (root / RUN_FILE).unlink(missing_ok=True)
         proc = procs.spawn(device_argv(root, port, os.getpid() if self.tie_to_owner else None),
                            log_path=root / DEVICE_LOG, env=procs.farm_env(), cwd=root)
@@ -272,27 +276,27 @@ class VirtualFarm:
 
         if procs.wait_until(lambda: listening() or proc.poll() is not None, self.start_timeout) \
                 and run.get("pid") == proc.pid:
-            return VirtualDeviceRecord(serial=f"127.0.0.1:{run['port']}", port=int(run["port"]),
+            return VirtualDeviceProcess(serial=f"127.0.0.1:{run['port']}", port=int(run["port"]),
                                        pid=proc.pid, root=root, soc=soc, serialno=serialno)
         procs.terminate(proc.pid, _device_owned(root), grace=0, proc=self._procs.pop(proc.pid))
         raise InfraError(f"virtual device in {root} did not start "
                          f"(exit {proc.poll()}); log: {root / DEVICE_LOG}: "
                          f"{procs.log_tail(root / DEVICE_LOG)}")
 
-    def _attach(self, record: VirtualDeviceRecord) -> None:
-        self.server.connect(record.serial)
+    def _attach(self, dev: VirtualDeviceProcess) -> None:
+        self.server.connect(dev.serial)
         try:
-            self.server.wait_for_state(record.serial, "device", timeout=self.start_timeout)
+            self.server.wait_for_state(dev.serial, "device", timeout=self.start_timeout)
         except AdbError as e:
-            raise AdbError(f"{e}; device log: {record.root / 'device.log'}",
-                           serial=record.serial) from None
+            raise AdbError(f"{e}; device log: {dev.root / 'device.log'}",
+                           serial=dev.serial) from None
 
-    def _kill_device(self, record: VirtualDeviceRecord) -> None:
-        procs.terminate(record.pid, _device_owned(record.root), grace=0, timeout=5.0,
-                        proc=self._procs.pop(record.pid, None))
+    def _kill_device(self, dev: VirtualDeviceProcess) -> None:
+        procs.terminate(dev.pid, _device_owned(dev.root), grace=0, timeout=5.0,
+                        proc=self._procs.pop(dev.pid, None))
         # Commands of a device killed -9 outlive it (own sessions): end them as the phone would.
-        kill_commands(record.root / PGID_DIR)
-        (record.root / RUN_FILE).unlink(missing_ok=True)
+        kill_commands(dev.root / PGID_DIR)
+        (dev.root / RUN_FILE).unlink(missing_ok=True)
 
     def _read_state(self) -> dict:
         try:
