@@ -25,14 +25,21 @@ def _leftovers(directory) -> list[str]:
     return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
 
 
-def test_drop_after_bytes_fails_push_and_leaves_no_file(farm_and_device, tmp_path):
+def _big_push(farm_and_device, tmp_path, mib: int, folder: str, **faults):
+    """The device with ``faults`` on, a random file of ``mib`` MiB and where on the device to push it;
+    returns (farm, device, file, target, push) where ``push()`` pushes the file there."""
     vf, dev = farm_and_device
-    vf.set_faults(dev.serial, drop_after_bytes=1 << 20)
+    vf.set_faults(dev.serial, **faults)
     src = tmp_path / "big.bin"
-    src.write_bytes(os.urandom(4 << 20))
-    target = dev.workspace / "drop" / "big.bin"
+    src.write_bytes(os.urandom(mib << 20))
+    target = dev.workspace / folder / "big.bin"
+    return vf, dev, src, target, lambda: vf.client().device(dev.serial).sync.push(src, str(target))
+
+
+def test_drop_after_bytes_fails_push_and_leaves_no_file(farm_and_device, tmp_path):
+    vf, dev, src, target, push = _big_push(farm_and_device, tmp_path, 4, "drop", drop_after_bytes=1 << 20)
     with pytest.raises((adbutils.AdbError, OSError)):
-        vf.client().device(dev.serial).sync.push(src, str(target))
+        push()
     assert not target.exists()
     vf.clear_faults(dev.serial)
     # the server re-attaches the device by itself; then the same push works
@@ -41,18 +48,15 @@ def test_drop_after_bytes_fails_push_and_leaves_no_file(farm_and_device, tmp_pat
     while _leftovers(target.parent) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _leftovers(target.parent) == []  # the partial temp file was removed too
-    vf.client().device(dev.serial).sync.push(src, str(target))
+    push()
     assert target.read_bytes() == src.read_bytes()
 
 
 def test_disk_full_gives_clean_push_failure(farm_and_device, tmp_path):
-    vf, dev = farm_and_device
-    vf.set_faults(dev.serial, disk_full_after_bytes=1 << 20)
-    src = tmp_path / "big.bin"
-    src.write_bytes(os.urandom(3 << 20))
-    target = dev.workspace / "full" / "big.bin"
+    vf, dev, src, target, push = _big_push(farm_and_device, tmp_path, 3, "full",
+                                           disk_full_after_bytes=1 << 20)
     with pytest.raises(adbutils.AdbError):
-        vf.client().device(dev.serial).sync.push(src, str(target))
+        push()
     cli = subprocess.run([adb_binary(), "-P", str(vf.adb_server.port), "-s", dev.serial, "push",
                           str(src), str(target)], env=vf.server.env(), capture_output=True,
                          text=True, timeout=60, check=False)
