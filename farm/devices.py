@@ -5,7 +5,9 @@ The device layer in three modules, all re-exported here:
 - :mod:`farm.device_transport`: the device's streams (shell v2 with a total deadline, sync push and
   read) and the one place where adb failures become ``DeviceGone``, ``DeviceTimeout`` or ``AdbError``;
 - :mod:`farm.device_probe`: ``Device`` (a transport that knows its properties, SoC, HTP arch and
-  workspace), ``DeviceInfo`` and the parsers of what a device reports (props, df, battery, thermals);
+  workspace), ``DeviceInfo`` (what discovery learnt of a device: the one record handed on to the
+  pool, ``Pool.sync``, and to ``farm devices``) and the parsers of what a device reports (props, df,
+  battery, thermals);
 - :mod:`farm.device_discovery`: every device of every adb server, or the one with a given serial.
 """
 
