@@ -275,48 +275,36 @@ def _retry_elsewhere(lab: Lab, inject: Callable[[list], str], *, victim_offline:
     return obs
 
 
-def _first_device_watch(lab: Lab, devices: list, pattern: str, action: Callable) -> None:
+def _on_first(lab: Lab, devices: list, pattern: str, action: Callable) -> None:
+    """``action(device)`` once, on the first device where a file matching ``pattern`` appears."""
+    fired = threading.Lock()
+
+    def once(device) -> None:
+        if fired.acquire(blocking=False):
+            action(device)
     for d in devices:
-        lab.when_path_appears(d.root / "data", pattern, lambda d=d: action(d))
+        lab.when_path_appears(d.root / "data", pattern, lambda d=d: once(d))
 
 
 def killed_during_deploy(lab: Lab) -> Observation:
     def inject(devices):
         for d in devices:  # slow enough that the kill lands inside the push
             lab.vf.set_faults(d.serial, slow_bytes_per_s=400_000)
-        fired = threading.Event()
-
-        def kill(d):
-            if not fired.is_set():
-                fired.set()
-                lab.vf.kill(d.serial)
-        _first_device_watch(lab, devices, "*.ptefarm-partial*", kill)
+        _on_first(lab, devices, "*.ptefarm-partial*", lambda d: lab.vf.kill(d.serial))
         return "device process SIGKILLed while a .pte was being pushed"
     return _retry_elsewhere(lab, inject)
 
 
 def killed_during_run(lab: Lab) -> Observation:
     def inject(devices):
-        fired = threading.Event()
-
-        def kill(d):
-            if not fired.is_set():
-                fired.set()
-                lab.vf.kill(d.serial)
-        _first_device_watch(lab, devices, "runner.pid", kill)
+        _on_first(lab, devices, "runner.pid", lambda d: lab.vf.kill(d.serial))
         return "device process SIGKILLed once the runner started"
     return _retry_elsewhere(lab, inject)
 
 
 def unplugged_during_run(lab: Lab) -> Observation:
     def inject(devices):
-        fired = threading.Event()
-
-        def unplug(d):
-            if not fired.is_set():
-                fired.set()
-                lab.vf.server.disconnect(d.serial)
-        _first_device_watch(lab, devices, "runner.pid", unplug)
+        _on_first(lab, devices, "runner.pid", lambda d: lab.vf.server.disconnect(d.serial))
         return "`adb disconnect` of the device once the runner started"
     return _retry_elsewhere(lab, inject)
 
@@ -380,14 +368,16 @@ def runner_hangs(lab: Lab) -> Observation:
     return obs
 
 
-def _runner_processes(lab: Lab) -> list[int]:
+def _runner_processes(lab: Lab, needle: str = "") -> list[int]:
+    """Runner processes of this lab's devices (their cwd is in the lab), whose argv contains
+    ``needle``."""
     import psutil
 
     found = []
     for p in psutil.process_iter(["cmdline", "cwd"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
-            if ("farm-llama-runner" in cmd or "qnn_llama_runner" in cmd) and \
+            if ("farm-llama-runner" in cmd or "qnn_llama_runner" in cmd) and needle in cmd and \
                     str(lab.dir) in (p.info["cwd"] or ""):
                 found.append(p.pid)
         except (psutil.Error, TypeError):
@@ -488,13 +478,7 @@ def adb_server_killed(lab: Lab) -> Observation:
         for conn in psutil.net_connections("tcp"):
             if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
                 os.kill(conn.pid, signal.SIGKILL)
-    fired = threading.Event()
-
-    def once(d):
-        if not fired.is_set():
-            fired.set()
-            kill_server(d)
-    _first_device_watch(lab, devices, "runner.pid", once)
+    _on_first(lab, devices, "runner.pid", kill_server)
     from farm.session import healing
 
     with healing(lab.vf):  # the lab owns the server, as `farm virtual up`'s host does
@@ -711,9 +695,9 @@ def sigint(lab: Lab) -> Observation:
                            "    assert llm.generate('HANG' if i == 1 else 'Once', mode='kv', seq_len=48).text\n")
     run = lab.popen(manifest=manifest)
     deadline = time.monotonic() + 120
-    while not _runner_processes(lab) and time.monotonic() < deadline:  # test 1's runner is sleeping
+    while not _runner_processes(lab, "HANG") and time.monotonic() < deadline:  # test 1's runner sleeps
         time.sleep(0.05)
-    obs.check("a runner was working when the signal came", bool(_runner_processes(lab)))
+    obs.check("a runner was working when the signal came", bool(_runner_processes(lab, "HANG")))
     run.send_signal(signal.SIGINT)
     output = run.communicate(timeout=60)[0]
     outcomes = _kept(obs, lab, ["test_slow[SM8650-0]"])

@@ -26,32 +26,15 @@ from tests.plugin_helpers import (
     write_cases,
 )
 
-THREE_CASES = """
-    [[case]]
-    name = "story"
-    prompt = "Once upon a time"
-    modes = ["kv"]
-    seq_lens = [64]
+def _case_toml(*cases: tuple[str, str, int]) -> str:
+    """A correctness case file: (name, prompt, seq_len) in kv mode each."""
+    return "\n".join(f'[[case]]\nname = "{name}"\nprompt = {json.dumps(prompt)}\nmodes = ["kv"]\n'
+                     f"seq_lens = [{seq_len}]\n" for name, prompt, seq_len in cases)
 
-    [[case]]
-    name = "hostile"
-    prompt = "x $(reboot) `id`; echo '<|eot_id|>'"
-    modes = ["kv"]
-    seq_lens = [64]
 
-    [[case]]
-    name = "short"
-    prompt = "Hi"
-    modes = ["kv"]
-    seq_lens = [48]
-"""
-ONE_CASE = """
-    [[case]]
-    name = "story"
-    prompt = "Once upon a time"
-    modes = ["kv"]
-    seq_lens = [64]
-"""
+THREE_CASES = _case_toml(("story", "Once upon a time", 64),
+                         ("hostile", "x $(reboot) `id`; echo '<|eot_id|>'", 64), ("short", "Hi", 48))
+ONE_CASE = _case_toml(("story", "Once upon a time", 64))
 
 
 def _pool_url(tmp_path) -> str:
