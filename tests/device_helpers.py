@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from pathlib import Path
 
 from farm.bundle import Bundle, Mode, describe_file
@@ -76,3 +78,21 @@ def make_qnn_bundle(root: Path, name: str = "fake-qnn", *, dialect: str = "qnn-v
     manifest = root / "manifest.json"
     bundle.write(manifest)
     return manifest
+
+
+def bundles_per_dialect(root: Path, prefix: str) -> dict[str, Path]:
+    """One fake bundle per QNN runner dialect: {dialect: manifest}."""
+    return {d: make_qnn_bundle(root / d, name=f"{prefix}-{d}", dialect=d)
+            for d in ("qnn-v1.0", "qnn-shared-buffer")}
+
+
+@contextlib.contextmanager
+def alongside(fn):
+    """Run ``fn`` in a thread while the block runs (a fault injected mid-operation); joined after,
+    whatever the block did."""
+    thread = threading.Thread(target=fn)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        thread.join()

@@ -7,7 +7,6 @@ received as outputs.txt, so the tests see the runner's argv and environment byte
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from farm.errors import DeviceTimeout, InfraError
 from farm.run import RunnerFailed, run
 from farm.runprofile import RunRequest
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
-from tests.device_helpers import make_qnn_bundle
+from tests.device_helpers import alongside, bundles_per_dialect, make_qnn_bundle
 
 HOSTILE = ["it's \"quoted\"", "$(touch pwned) `touch pwned2`; touch pwned3 && echo $HOME | cat",
            "line one\nline two\r\n\ttab", "héllo wörld — 日本語 🦙", "--prompt", "", "\\\\ \\n '",
@@ -30,8 +29,7 @@ HOSTILE = ["it's \"quoted\"", "$(touch pwned) `touch pwned2`; touch pwned3 && ec
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory):
     root = tmp_path_factory.mktemp("run")
-    manifests = {d: make_qnn_bundle(root / d, name=f"fake-{d}", dialect=d)
-                 for d in ("qnn-v1.0", "qnn-shared-buffer")}
+    manifests = bundles_per_dialect(root, "fake")
     with VirtualFarm(home=root / "farm") as vf:
         (record,) = vf.up([VirtualDeviceSpec(soc="SM8650")])
         device = find_device([vf.adb_server], record.serial)
@@ -98,13 +96,8 @@ def test_hung_runner_is_killed_at_the_timeout(fake):
             except (OSError, ValueError):
                 time.sleep(0.05)
 
-    reader = threading.Thread(target=read_pid)
-    reader.start()
-    try:
-        with pytest.raises(DeviceTimeout):
-            run(device, bundle, RunRequest(prompts=["HANG"]), timeout=2, run_id="hang-1")
-    finally:
-        reader.join()
+    with alongside(read_pid), pytest.raises(DeviceTimeout):
+        run(device, bundle, RunRequest(prompts=["HANG"]), timeout=2, run_id="hang-1")
     assert not run_dir.exists(), "the timed-out run's directory is left on the device"
     (pid,) = pids
     deadline = time.monotonic() + 10
@@ -129,10 +122,5 @@ def test_device_killed_mid_run_is_infra(tmp_path):
                 time.sleep(0.05)
             vf.kill(record.serial)
 
-        killer = threading.Thread(target=kill_when_running)
-        killer.start()
-        try:
-            with pytest.raises(InfraError):
-                run(device, bundle, RunRequest(prompts=["HANG"]), timeout=60, run_id="victim")
-        finally:
-            killer.join()
+        with alongside(kill_when_running), pytest.raises(InfraError):
+            run(device, bundle, RunRequest(prompts=["HANG"]), timeout=60, run_id="victim")

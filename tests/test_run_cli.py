@@ -10,14 +10,13 @@ from click.testing import CliRunner
 
 from farm.cli.main import main
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
-from tests.device_helpers import make_qnn_bundle
+from tests.device_helpers import bundles_per_dialect
 
 
 @pytest.fixture(scope="module")
 def cli_farm(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
-    manifests = {d: make_qnn_bundle(root / d, name=f"cli-{d}", dialect=d)
-                 for d in ("qnn-v1.0", "qnn-shared-buffer")}
+    manifests = bundles_per_dialect(root, "cli")
     with VirtualFarm(home=root / "farm") as vf:
         records = vf.up([VirtualDeviceSpec(soc="SM8650"), VirtualDeviceSpec(soc="SM8550", platform_only=True)])
         config = root / "farm.toml"
