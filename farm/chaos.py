@@ -186,6 +186,15 @@ class Lab:
         return thread
 
 
+def _suites_dir() -> Path:
+    """Where the farm's suites are installed (found, not imported: the library does not import them)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ptefarm_suites")
+    assert spec is not None and spec.submodule_search_locations, "ptefarm_suites is not installed"
+    return Path(list(spec.submodule_search_locations)[0])
+
+
 def _tail(proc: subprocess.CompletedProcess | str) -> str:
     text = proc if isinstance(proc, str) else proc.stdout + proc.stderr
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
@@ -746,7 +755,7 @@ def bad_input(lab: Lab) -> Observation:
     obs = Observation()
     lab.devices("SM8650")
     lab.test_file(["Once upon a time"])
-    suites = Path(__file__).resolve().parents[1] / "suites"
+    suites = _suites_dir()
     bad = lab.dir / "bad"
     bad.mkdir()
     (bad / "config.toml").write_bytes(b"[pool]\nlease_ttl_s = \xff\n")
