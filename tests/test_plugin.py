@@ -372,3 +372,27 @@ def test_a_hot_phone_is_waited_for_and_never_measured_hot(virtual_farm, tiny_bun
     assert proc.returncode == 0, explain(proc)
     [case] = junit_cases(out)
     assert case.outcome == "passed" and case.properties["battery_temp_c"] == "31.2"
+
+
+def test_relative_throughput_rule_between_updaters(tmp_path):
+    """The fake runner reports 42.5 tok/s for SmartMask and 50.0 for ShiftPointer: SmartMask is 15 %
+    slower, so a 10 % rule fails and a 20 % rule passes."""
+    manifest = make_qnn_bundle(tmp_path / "bundle")
+    out = tmp_path / "out"
+
+    def run_with(pct: float):
+        thresholds = tmp_path / f"thresholds-{pct}.toml"
+        thresholds.write_text(f'warmup = 1\nruns = 3\n[[relative]]\nsoc = "*"\nmode = "kv"\nseq_len = 64\n'
+                              f'faster = "SmartMask"\nslower = "ShiftPointer"\nmax_slowdown_pct = {pct}\n')
+        return run_pytest([str(SUITES / "test_throughput.py"), "--farm-virtual", "SM8650",
+                           "--farm-bundle", str(manifest), "--farm-thresholds", str(thresholds),
+                           "--farm-out", str(out)], cwd=tmp_path)
+
+    proc = run_with(10.0)
+    assert proc.returncode == 1, explain(proc)
+    [case] = [c for c in junit_cases(out) if c.name.startswith("test_relative")]
+    assert case.outcome == "failed"
+    assert "SmartMask 42.5 tok/s is more than 10% slower than ShiftPointer 50.0" in case.message
+    assert case.properties["tok_s_runs.SmartMask"] == "42.50 42.50 42.50"  # warm-up dropped
+    proc = run_with(20.0)
+    assert proc.returncode == 0, explain(proc)

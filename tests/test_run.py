@@ -57,7 +57,7 @@ def test_hostile_prompts_reach_the_runner_byte_exact(fake, tmp_path):
     assert report["cwd"] == str(ws)
     assert not list(ws.glob("pwned*")) and not (ws / "redirected").exists()  # nothing was executed
     assert result.exit_code == 0 and result.serial == device.serial
-    assert result.tokens_per_s == 42.5
+    assert result.tokens_per_s == 50.0  # the fake runner's figure for ShiftPointer
     assert result.observer["generated_tokens"] == 11
     assert result.decode_tok_s == pytest.approx(10 / 0.5)
     assert result.prompt_ids is None  # qnn runners do not write token ids
