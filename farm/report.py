@@ -99,7 +99,7 @@ def summary_markdown(records: list[TestRecord], meta: dict[str, Any]) -> str:
              f" dialect {meta.get('runner_dialect', '?')})",
              f"- run: `{meta.get('run_id', '?')}` at {meta.get('started_at', '?')}, "
              f"git {meta.get('git_revision') or 'unknown'}",
-             f"- devices: {', '.join(sorted({device_key(r) for r in records})) or 'none'}"
+             f"- devices: {', '.join(sorted({r.serial for r in records if r.serial})) or 'none'}"
              + (" (virtual)" if meta.get("virtual") else ""),
              f"- tests: {len(records)} ({counts[Outcome.PASSED]} passed, {counts[Outcome.FAILED]} "
              f"failed, {counts[Outcome.ERROR]} errors, {counts[Outcome.SKIPPED]} skipped)",

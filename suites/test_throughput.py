@@ -23,12 +23,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     th = bundle_thresholds(metafunc.config)
     if metafunc.definition.originalname == "test_min_throughput":
         points = sorted({(r.mode, r.seq_len, r.updater) for r in th.minimums}) if th else []
-        metafunc.parametrize("point", points, ids=[f"{m}-{s}-{u}" for m, s, u in points])
+        ids = [f"{m}-{s}-{u}" for m, s, u in points]
+        what = "minimum"
     else:
-        rules = sorted({RelativeRule("*", r.mode, r.seq_len, r.faster, r.slower, 0.0)
-                        for r in th.relative}, key=str) if th else []
-        metafunc.parametrize("point", rules,
-                             ids=[f"{r.mode}-{r.seq_len}-{r.faster}-vs-{r.slower}" for r in rules])
+        points = sorted({RelativeRule("*", r.mode, r.seq_len, r.faster, r.slower, 0.0)
+                         for r in th.relative}, key=str) if th else []
+        ids = [f"{r.mode}-{r.seq_len}-{r.faster}-vs-{r.slower}" for r in points]
+        what = "relative"
+    if not points:
+        where = th.path if th else "no thresholds file for this bundle"
+        metafunc.parametrize("point", [pytest.param(None, id=f"no-{what}-rules", marks=pytest.mark.skip(
+            reason=f"no {what} throughput rule ({where})"))])
+        return
+    metafunc.parametrize("point", points, ids=ids)
 
 
 def iteration_rates(result) -> list[float]:
