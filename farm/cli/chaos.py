@@ -18,7 +18,8 @@ from rich.table import Table
               help="reference bundle manifest [default: exported tiny]")
 @click.option("--keep", type=click.Path(file_okay=False), default=None,
               help="keep every scenario's lab (logs, reports, pool) in this directory")
-def chaos(only, list_only, manifest, keep) -> None:
+@click.option("--markdown", is_flag=True, help="print the matrix as a Markdown table")
+def chaos(only, list_only, manifest, keep, markdown) -> None:
     """Inject real faults into runs on virtual devices and check the farm tells the truth.
 
     Exit code 0 when every scenario survived with no result lost, 1 otherwise.
@@ -43,6 +44,7 @@ def chaos(only, list_only, manifest, keep) -> None:
         table.add_column(col, overflow="fold")
     err = Console(stderr=True)
     all_ok = True
+    rows: list[tuple[str, ...]] = []
     with chaos_dir(Path(keep) if keep else None) as root:
         for s in (s for s in SCENARIOS if s.name in names):
             err.print(f"[bold]{s.name}[/] ...")
@@ -51,7 +53,14 @@ def chaos(only, list_only, manifest, keep) -> None:
             all_ok &= ok
             if not ok:
                 err.print(f"  [red]not survived:[/] {'; '.join(obs.failed_checks()) or obs.observed}")
-            table.add_row(s.fault, s.injected, s.expected, obs.observed,
-                          "yes" if obs.survived else "NO", str(obs.lost))
-    Console(width=200).print(table)
+            rows.append((s.fault, s.injected, s.expected, obs.observed,
+                         "yes" if obs.survived else "NO", str(obs.lost)))
+            table.add_row(*rows[-1])
+    if markdown:
+        click.echo("| fault | injected how | expected | observed | survived | results lost |")
+        click.echo("|---|---|---|---|---|---:|")
+        for row in rows:
+            click.echo("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + " |")
+    else:
+        Console(width=200).print(table)
     sys.exit(0 if all_ok else 1)
