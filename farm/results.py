@@ -43,7 +43,10 @@ class Verdict(StrEnum):
 
     @property
     def exit_code(self) -> int:
-        return {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.BAD_INPUT: 2, Verdict.INFRA_ERROR: 3}[self]
+        from farm.exitcodes import ExitCode
+
+        return {Verdict.PASS: ExitCode.OK, Verdict.FAIL: ExitCode.TEST_FAILURE,
+                Verdict.BAD_INPUT: ExitCode.BAD_INPUT, Verdict.INFRA_ERROR: ExitCode.INFRA}[self]
 
 
 @dataclass

@@ -6,11 +6,13 @@ import sys
 
 import click
 
-from farm.errors import FarmError, InfraError
+from farm.errors import FarmError
+from farm.exitcodes import ExitCode, for_error
 
 
 class FarmGroup(click.Group):
-    """Turns FarmError into a one-line message and a non-zero exit, never a traceback."""
+    """Turns FarmError into a one-line message and the exit code of farm.exitcodes (3 infrastructure,
+    2 bad input, 1 a failure of the code under test), and Ctrl-C into 130; never a traceback."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -18,7 +20,10 @@ class FarmGroup(click.Group):
         except FarmError as e:
             kind = type(e).__name__
             click.echo(f"farm: error: {e} [{kind}]", err=True)
-            sys.exit(3 if isinstance(e, InfraError) else 2)
+            sys.exit(for_error(e))
+        except KeyboardInterrupt:
+            click.echo("farm: interrupted", err=True)
+            sys.exit(ExitCode.INTERRUPTED)
 
 
 @click.group(cls=FarmGroup)

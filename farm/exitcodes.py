@@ -1,0 +1,44 @@
+"""The exit codes of every ``farm`` command, in one table.
+
+| code | name         | meaning                                                                       |
+|------|--------------|-------------------------------------------------------------------------------|
+| 0    | OK           | done; every test passed                                                       |
+| 1    | TEST_FAILURE | the code under test failed: a test failed, a runner exited non-zero           |
+| 2    | BAD_INPUT    | bad input: a file, flag, config key, lease token, a request past the context  |
+| 3    | INFRA        | infrastructure: device gone or quarantined, adb, timeout, pool down, no lease |
+| 130  | INTERRUPTED  | interrupted (SIGINT/SIGTERM) before a verdict                                 |
+
+``farm pool exec`` is the one exception by design: it returns its command's own exit code (128+N for
+a command killed by signal N), and one of these only for what happened before or around the command.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from farm.errors import FarmError, InfraError, UsageError
+
+__all__ = ["ExitCode", "for_error"]
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    TEST_FAILURE = 1
+    BAD_INPUT = 2
+    INFRA = 3
+    INTERRUPTED = 130
+
+
+def for_error(error: BaseException) -> ExitCode:
+    """The exit code a command ends with when ``error`` escapes it."""
+    if isinstance(error, KeyboardInterrupt):
+        return ExitCode.INTERRUPTED
+    if isinstance(error, InfraError):
+        return ExitCode.INFRA
+    if isinstance(error, UsageError):
+        return ExitCode.BAD_INPUT
+    if isinstance(error, AssertionError):  # farm.run.RunnerFailed: the code under test failed
+        return ExitCode.TEST_FAILURE
+    if isinstance(error, FarmError):
+        return ExitCode.BAD_INPUT
+    raise TypeError(f"no exit code for {type(error).__name__}: not a farm error")
