@@ -42,9 +42,11 @@ def test_lease_status_release_history(cli, pool_url):
     code, out, _ = cli("lease", "--soc", "sm8650", "--ttl", "60", "--timeout", "1",
                         "--purpose", "nightly run", "--format", "env")
     assert code == 0
-    env = dict(line.split("=", 1) for line in out.splitlines())
-    token = shlex.split(env["PTEFARM_LEASE_TOKEN"])[0]
+    assert all(line.startswith("export ") for line in out.splitlines())
+    env = dict(shlex.split(line)[1].split("=", 1) for line in out.splitlines())
+    token = env["PTEFARM_LEASE"]
     assert env["ANDROID_SERIAL"] == "dev0" and env["ADB_SERVER_SOCKET"] == "tcp:127.0.0.1:15037"
+    assert env["ANDROID_ADB_SERVER_PORT"] == "15037"
 
     code, out, _ = cli("status", "--json")
     assert code == 0
@@ -63,8 +65,9 @@ def test_lease_status_release_history(cli, pool_url):
     code, _, err = cli("release", token)
     assert code == 2 and "was released" in err and "LeaseError" in err
 
-    code, out, _ = cli("lease", "--format", "token", "--timeout", "0")
-    assert code == 0 and len(out.strip()) == 32
+    code, out, err = cli("lease", "--format", "token", "--timeout", "0")
+    assert code == 0 and len(out.strip()) == 32  # the token alone on stdout: TOKEN=$(farm pool lease)
+    assert "leased dev0 (SM8650" in err
     assert cli("release", out.strip())[0] == 0
 
     code, out, _ = cli("history", "--serial", "dev0", "--json")

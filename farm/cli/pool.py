@@ -1,20 +1,27 @@
 """``farm pool ...``: the shared device pool from the shell and from CI jobs.
 
+    farm pool exec --soc SM8650 --priority pr -- ./device-step.sh   # lease, heartbeat, run, release
     TOKEN=$(farm pool lease --soc SM8650 --ttl 3600 --priority pr)
-    eval "$(farm pool lease --soc SM8650 --format env)"   # PTEFARM_LEASE_TOKEN, ANDROID_SERIAL, ...
+    eval "$(farm pool lease --soc SM8650 --format env)"   # export PTEFARM_LEASE, ANDROID_SERIAL, ...
     farm pool release "$TOKEN"
 
-A lease taken here has no heartbeat (the command exits): it lives for its TTL unless renewed with
-``farm pool renew``; pick a TTL that covers the job, and release when done.
+A lease taken with ``farm pool lease`` has no heartbeat (the command exits): it lives for its TTL unless
+renewed with ``farm pool renew``; pick a TTL that covers the job, and release when done. ``farm pool
+exec`` holds its lease with a heartbeat for as long as its command runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
+import os
 import shlex
+import signal
+import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import click
@@ -23,14 +30,17 @@ from rich.table import Table
 
 from farm.cli.options import config_option, farm_config, json_option, pool_url_option
 from farm.config import finite_seconds
-from farm.errors import AdbError
-from farm.pool import Event, Holder, LeaseRequest, Pool, PoolStatus
+from farm.errors import AdbError, LeaseError, LeaseLost, PoolError, UsageError
+from farm.exitcodes import ExitCode
+from farm.pool import Event, Holder, Lease, LeaseRequest, Pool, PoolStatus
 
 T = TypeVar("T")
 
 # What `farm pool sync` reports, from the events the sync wrote: (label, event kind).
 SYNC_CHANGES = (("added", "added"), ("back online", "online"), ("offline", "offline"),
                 ("updated", "updated"))
+EXEC_KILL_GRACE_S = 10.0  # `farm pool exec`: SIGKILL a command still running this long after a signal
+EXEC_POLL_S = 0.2  # how often it checks its lease while the command runs
 
 
 def _seconds(flag: str, *, allow_zero: bool = False):
@@ -138,38 +148,228 @@ def status(as_json: bool) -> None:
         console.print(table)
 
 
+def request_options(f):
+    """What to lease, for how long and how long to wait: the options of ``lease`` and ``exec``."""
+    for option in reversed((
+        click.option("--soc", "socs", multiple=True, help="Acceptable SoC (repeatable), e.g. SM8650."),
+        click.option("--min-htp", default=None, help="Minimum HTP arch, e.g. v73."),
+        click.option("--tag", "tags", multiple=True, help="Required device tag (repeatable)."),
+        click.option("--serial", default=None, help="This device and no other."),
+        click.option("--virtual/--physical", "virtual", default=None,
+                     help="Only virtual / physical devices."),
+        click.option("--priority", default="adhoc", show_default=True,
+                     help="release, nightly, pr, adhoc, or an integer; higher is served first."),
+        click.option("--ttl", type=float, default=None, callback=_seconds("--ttl"),
+                     help="Lease TTL in seconds (default: config)."),
+        click.option("--timeout", type=float, default=None,
+                     callback=_seconds("--timeout", allow_zero=True),
+                     help="Wait at most this long, 0: do not wait (default: config)."),
+        click.option("--purpose", default="", help="Shown to others in status and timeout errors."),
+    )):
+        f = option(f)
+    return f
+
+
+def lease_env(token: str, serial: str, server: str) -> dict[str, str]:
+    """The environment of a leased device for tools that speak adb themselves (adb, adbutils, farm):
+    the device, its adb server ("host:port") and the lease token that ``farm deploy``/``farm run`` need."""
+    host, _, port = server.rpartition(":")
+    return {"PTEFARM_LEASE": token, "ANDROID_SERIAL": serial, "ADB_SERVER_SOCKET": f"tcp:{server}",
+            "ANDROID_ADB_SERVER_HOST": host, "ANDROID_ADB_SERVER_PORT": port}
+
+
+def _leased_line(lease: Lease) -> str:
+    dev = lease.device
+    what = ", ".join(x for x in (dev.soc, dev.htp_arch, "virtual" if dev.virtual else "") if x)
+    return f"leased {lease.serial} ({what}) on adb server {lease.server} for {lease.ttl_s:g}s"
+
+
 @pool_command
-@click.option("--soc", "socs", multiple=True, help="Acceptable SoC (repeatable), e.g. SM8650.")
-@click.option("--min-htp", default=None, help="Minimum HTP arch, e.g. v73.")
-@click.option("--tag", "tags", multiple=True, help="Required device tag (repeatable).")
-@click.option("--serial", default=None, help="This device and no other.")
-@click.option("--virtual/--physical", "virtual", default=None, help="Only virtual / physical devices.")
-@click.option("--priority", default="adhoc", show_default=True,
-              help="release, nightly, pr, adhoc, or an integer; higher is served first.")
-@click.option("--ttl", type=float, default=None, callback=_seconds("--ttl"),
-              help="Lease TTL in seconds (default: config).")
-@click.option("--timeout", type=float, default=None, callback=_seconds("--timeout", allow_zero=True),
-              help="Wait at most this long, 0: do not wait (default: config).")
-@click.option("--purpose", default="", help="Shown to others in status and timeout errors.")
+@request_options
 @click.option("--format", "fmt", type=click.Choice(["token", "env", "json"]), default="token",
-              show_default=True, help="token: the token only; env: shell assignments; json.")
+              show_default=True,
+              help="token: the token alone on stdout (the serial on stderr); env: export lines; json.")
 def lease(socs: tuple[str, ...], min_htp: str | None, tags: tuple[str, ...],
           serial: str | None, virtual: bool | None, priority: str, ttl: float | None,
           timeout: float | None, purpose: str, fmt: str) -> None:
-    """Lease a device and print its token (no heartbeat: renew or release it yourself)."""
+    """Lease a device and print its token (no heartbeat: renew or release it yourself).
+
+    TOKEN=$(farm pool lease --soc SM8650) keeps the token; eval "$(farm pool lease --soc SM8650
+    --format env)" exports PTEFARM_LEASE, ANDROID_SERIAL, ADB_SERVER_SOCKET and the adb server's
+    host and port. For a command or CI step, 'farm pool exec' also heartbeats and releases."""
     request = LeaseRequest(socs=socs, min_htp_arch=min_htp, tags=tags, serial=serial, virtual=virtual,
                            priority=priority)
     got = _with_pool(lambda p: p.acquire(request, Holder.current(purpose=purpose), ttl_s=ttl,
                                          timeout_s=timeout))
+    env = lease_env(got.token, got.serial, got.server)
     if fmt == "token":
+        click.echo(f"{_leased_line(got)}; give it back with: farm pool release {got.token}", err=True)
         click.echo(got.token)
     elif fmt == "json":
         click.echo(json.dumps({"token": got.token, "serial": got.serial, "server": got.server,
-                               "expires": got.info.expires}))
+                               "soc": got.device.soc, "htp_arch": got.device.htp_arch,
+                               "expires": got.info.expires, "env": env}))
     else:
-        for key, value in (("PTEFARM_LEASE_TOKEN", got.token), ("ANDROID_SERIAL", got.serial),
-                           ("ADB_SERVER_SOCKET", f"tcp:{got.server}")):
-            click.echo(f"{key}={shlex.quote(value)}")
+        click.echo(_leased_line(got), err=True)
+        for key, value in env.items():
+            click.echo(f"export {key}={shlex.quote(value)}")
+
+
+class _Interrupted(BaseException):
+    """SIGINT/SIGTERM while ``farm pool exec`` waits for its lease (leaves the queue on the way out)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _Exec:
+    """One ``farm pool exec``: the leased device's command, its signals and its end."""
+
+    def __init__(self, lease: Lease, command: list[str]):
+        self.lease, self.command = lease, command
+        self.child: subprocess.Popen | None = None
+        self.kill_at: float | None = None  # SIGKILL the command's group then, if it is still running
+        self.lost: LeaseLost | None = None
+
+    def stop(self, signum: int) -> None:
+        """Send ``signum`` to the command's process group; SIGKILL it after EXEC_KILL_GRACE_S."""
+        if self.child is None or self.child.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.child.pid, signum)
+        if self.kill_at is None:
+            self.kill_at = time.monotonic() + EXEC_KILL_GRACE_S
+
+    def run(self) -> int:
+        lease = self.lease
+        env = {**os.environ, **lease_env(lease.token, lease.serial, lease.server)}
+        try:
+            # A process group of its own: a signal reaches the command's whole tree (sh -c '...').
+            self.child = subprocess.Popen(self.command, env=env, process_group=0)
+        except OSError as e:
+            raise UsageError(f"{self.command[0]}: cannot run: {e.strerror}") from None
+        give_back = _hand_terminal(self.child.pid)
+        try:
+            while True:
+                try:
+                    code = self.child.wait(timeout=EXEC_POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if self.lost is None:
+                    try:
+                        lease.check()  # the heartbeat failed for longer than the TTL, or was refused
+                    except LeaseLost as e:
+                        self.lost = e
+                        click.echo(f"farm: error: {e}; stopping {self.command[0]}", err=True)
+                        self.stop(signal.SIGTERM)
+                if self.kill_at is not None and time.monotonic() >= self.kill_at:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(self.child.pid, signal.SIGKILL)
+                    self.kill_at = float("inf")
+        finally:
+            give_back()
+            # Whatever is left of the command's group (a child that outlived it) goes too.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.child.pid, signal.SIGKILL)
+        return 128 - code if code < 0 else code
+
+
+def _hand_terminal(pgid: int) -> Callable[[], None]:
+    """Make ``pgid`` the terminal's foreground group (as a shell does for a job), so that an interactive
+    command reads the terminal and Ctrl-C reaches it alone; returns how to take the terminal back."""
+    try:
+        fd = sys.stdin.fileno()
+        if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+            return lambda: None
+        previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        os.tcsetpgrp(fd, pgid)
+    except (OSError, ValueError, AttributeError):
+        return lambda: None
+
+    def give_back() -> None:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(fd, os.getpgrp())
+        signal.signal(signal.SIGTTOU, previous)
+    return give_back
+
+
+@contextlib.contextmanager
+def _signals(on_signal: Callable[[int], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM call ``on_signal`` for the duration of the block."""
+    previous = {s: signal.signal(s, lambda signum, frame: on_signal(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def exec_command(request: LeaseRequest, holder: Holder, ttl: float | None, timeout: float | None,
+                 command: list[str]) -> int:
+    """Lease, run ``command`` with the device's environment while a heartbeat renews the lease, and
+    release; returns the command's exit code (128+N if signal N ended it)."""
+    run: _Exec | None = None
+    pending: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        if run is None:
+            raise _Interrupted(signum)  # still waiting: acquire leaves the queue on the way out
+        pending.append(signum)
+        run.stop(signum)  # forwarded; once the command has exited, the release is not interrupted
+
+    with _open() as pool, _signals(on_signal):
+        try:
+            lease = pool.acquire(request, holder, ttl_s=ttl, timeout_s=timeout)
+        except _Interrupted as e:
+            click.echo(f"farm: interrupted ({e}) while waiting for a lease", err=True)
+            return ExitCode.INTERRUPTED
+        run = _Exec(lease, command)
+        lease.start_heartbeat()
+        click.echo(f"farm: {_leased_line(lease)}; running {shlex.join(command)}", err=True)
+        try:
+            code = run.run()
+        finally:
+            try:
+                lease.release()
+            except (LeaseError, PoolError) as e:
+                click.echo(f"farm: warning: lease {lease.token[:8]} on {lease.serial} not released: "
+                           f"{e}", err=True)
+            else:
+                click.echo(f"farm: released {lease.serial}", err=True)
+    if run.lost is not None:
+        raise run.lost
+    if pending:
+        click.echo(f"farm: {signal.Signals(pending[0]).name}: {command[0]} ended with {code}", err=True)
+    return code
+
+
+@pool.command("exec", context_settings={"allow_interspersed_args": False})
+@pool_options
+@request_options
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_(command: tuple[str, ...], socs: tuple[str, ...], min_htp: str | None,
+          tags: tuple[str, ...], serial: str | None, virtual: bool | None, priority: str,
+          ttl: float | None, timeout: float | None, purpose: str) -> None:
+    """Lease a device, run COMMAND with it, release it; exit with COMMAND's exit code.
+
+    \b
+        farm pool exec --soc SM8650 --priority pr -- ./ci/device-step.sh
+        farm pool exec --soc SM8650 -- farm run "$M" --prompt Hello
+
+    Waits for the device like 'farm pool lease'. COMMAND gets ANDROID_SERIAL, ADB_SERVER_SOCKET,
+    ANDROID_ADB_SERVER_HOST/PORT (the device's adb server) and PTEFARM_LEASE (the token, which
+    'farm deploy' and 'farm run' need). A heartbeat renews the lease while COMMAND runs, so --ttl
+    bounds how long a crashed holder keeps the device, not how long COMMAND may take. SIGINT and
+    SIGTERM are forwarded to COMMAND (its process group; SIGKILL after 10 s) and the lease is
+    released. COMMAND killed by signal N: 128+N. If the lease is lost, COMMAND is stopped: exit 3.
+    """
+    request = LeaseRequest(socs=socs, min_htp_arch=min_htp, tags=tags, serial=serial, virtual=virtual,
+                           priority=priority)
+    holder = Holder.current(purpose=purpose or f"farm pool exec {shlex.join(command)}"[:200])
+    sys.exit(exec_command(request, holder, ttl, timeout, list(command)))
 
 
 @pool_command

@@ -1,0 +1,163 @@
+"""``farm pool exec`` and ``farm pool lease --format env``: shell and CI leases, on both pool backends.
+
+Each test runs the real ``farm`` command in a subprocess (signals, exit codes and the environment its
+command sees are the point), against a pool seeded with fixed device records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from farm.pool import Pool
+from tests.support.pool import REPO, fake_device
+
+FARM = [sys.executable, "-m", "farm.cli.main"]
+SHOW_ENV = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in ('ANDROID_SERIAL', "
+            "'ADB_SERVER_SOCKET', 'ANDROID_ADB_SERVER_HOST', 'ANDROID_ADB_SERVER_PORT', 'PTEFARM_LEASE')}))")
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("PTEFARM_CONFIG", "PTEFARM_LEASE")}
+    return {**environ, "PTEFARM_HOME": str(tmp_path / "home"),
+            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+@pytest.fixture
+def seeded(pool_url: str) -> str:
+    with Pool.open(pool_url) as p:
+        p.sync([fake_device("dev0", server="127.0.0.1:15037")])
+    return pool_url
+
+
+def farm(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*FARM, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def events(url: str) -> list[str]:
+    with Pool.open(url) as p:
+        return [e.kind for e in p.history(serial="dev0", limit=None)]
+
+
+def state(url: str) -> str:
+    with Pool.open(url) as p:
+        return {d.device.serial: d.device.state for d in p.status().devices}["dev0"]
+
+
+def test_exec_passes_the_device_environment_and_the_exit_code(seeded, env):
+    ran = farm(env, "pool", "exec", "--url", seeded, "--soc", "SM8650", "--timeout", "10", "--",
+               sys.executable, "-c", f"{SHOW_ENV}; raise SystemExit(7)")
+    assert ran.returncode == 7, ran.stderr
+    seen = json.loads(ran.stdout)
+    assert seen["ANDROID_SERIAL"] == "dev0"
+    assert seen["ADB_SERVER_SOCKET"] == "tcp:127.0.0.1:15037"
+    assert (seen["ANDROID_ADB_SERVER_HOST"], seen["ANDROID_ADB_SERVER_PORT"]) == ("127.0.0.1", "15037")
+    assert len(seen["PTEFARM_LEASE"]) == 32
+    assert "leased dev0" in ran.stderr and "released dev0" in ran.stderr
+    assert events(seeded) == ["added", "leased", "released"]
+    assert state(seeded) == "available"
+
+    # Options after the command are the command's; a command killed by signal N is 128+N.
+    ok = farm(env, "pool", "exec", "--url", seeded, "--", "sh", "-c", 'echo "$0 $1"', "--soc", "x")
+    assert (ok.returncode, ok.stdout) == (0, "--soc x\n"), ok.stderr
+    killed = farm(env, "pool", "exec", "--url", seeded, "--", "sh", "-c", "kill -KILL $$")
+    assert killed.returncode == 128 + signal.SIGKILL
+    missing = farm(env, "pool", "exec", "--url", seeded, "--", "no-such-command-xyz")
+    assert missing.returncode == 2 and "no-such-command-xyz: cannot run" in missing.stderr
+    assert state(seeded) == "available"
+
+
+def test_exec_outlives_a_ttl_shorter_than_its_command(seeded, env):
+    """The heartbeat renews a 2 s lease through a 6 s command: never expired, never lost."""
+    ran = farm(env, "pool", "exec", "--url", seeded, "--ttl", "2", "--", "sleep", "6")
+    assert ran.returncode == 0, ran.stderr
+    kinds = events(seeded)
+    assert "expired" not in kinds and kinds == ["added", "leased", "released"]
+    with Pool.open(seeded) as p:
+        released = [e for e in p.history(serial="dev0") if e.kind == "released"][0]
+        leased = [e for e in p.history(serial="dev0") if e.kind == "leased"][0]
+    assert released.at - leased.at >= 6
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_the_command_and_releases_the_lease(seeded, env, tmp_path, signum):
+    pid_file = tmp_path / "child.pid"
+    proc = subprocess.Popen(
+        [*FARM, "pool", "exec", "--url", seeded, "--", "sh", "-c", 'echo $$ > "$0"; sleep 120 & wait',
+         str(pid_file)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert state(seeded) == "leased"
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signum, err  # sh died of the forwarded signal
+    assert "released dev0" in err
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # the command is gone, and with its process group its `sleep` too
+    assert state(seeded) == "available"
+    assert events(seeded) == ["added", "leased", "released"]
+
+
+def test_a_signal_while_waiting_leaves_the_queue(seeded, env):
+    with Pool.open(seeded) as p:
+        held = p.acquire(ttl_s=60, timeout_s=5)
+        proc = subprocess.Popen([*FARM, "pool", "exec", "--url", seeded, "--timeout", "60", "--",
+                                 "true"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not p.status().queue:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 130 and "interrupted (SIGTERM) while waiting" in err
+        assert p.status().queue == []  # left at once, not dropped as stale later
+        p.release(held.token)
+
+
+def test_lease_format_env_exports_for_child_processes(seeded, env):
+    script = (f'eval "$({" ".join(FARM)} pool lease --url "$URL" --soc SM8650 --format env)" && '
+              f'{sys.executable} -c "{SHOW_ENV}" && farm_release_token="$PTEFARM_LEASE" && '
+              f'{" ".join(FARM)} pool release --url "$URL" "$farm_release_token" >&2')
+    ran = subprocess.run(["bash", "-c", script], env={**env, "URL": seeded}, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert ran.returncode == 0, ran.stderr
+    seen = json.loads(ran.stdout)  # what a child process sees: exported, not shell-local
+    assert seen["ANDROID_SERIAL"] == "dev0" and seen["ADB_SERVER_SOCKET"] == "tcp:127.0.0.1:15037"
+    assert seen["ANDROID_ADB_SERVER_PORT"] == "15037" and len(seen["PTEFARM_LEASE"]) == 32
+    assert "dev0: released" in ran.stderr
+
+
+def test_lease_token_alone_on_stdout_serial_on_stderr(seeded, env):
+    ran = subprocess.run(["bash", "-c", f'TOKEN=$({" ".join(FARM)} pool lease --url "$URL") && '
+                                        f'echo "token=$TOKEN"'],
+                         env={**env, "URL": seeded}, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert ran.returncode == 0, ran.stderr
+    token = ran.stdout.strip().removeprefix("token=")
+    assert len(token) == 32 and token.isalnum()
+    assert "leased dev0 (SM8650, v75, virtual)" in ran.stderr and token in ran.stderr
+    with Pool.open(seeded) as p:
+        p.release(token)
