@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 from rich import box
@@ -25,10 +29,15 @@ from farm.cli.options import config_option, farm_config, json_option
 from farm.config import FarmConfig, finite_seconds
 from farm.deploy import VERIFY_LEVELS, DeployReport, deploy
 from farm.devices import Device, DeviceInfo, find_device, scan_server
-from farm.errors import UsageError
+from farm.errors import InfraError, LeaseError, PoolError, UsageError
+from farm.exitcodes import ExitCode
 from farm.run import RunnerFailed, RunResult, run
 from farm.runprofile import UPDATERS, RunRequest
-from farm.vocab import Updater
+from farm.vocab import Dialect, Updater
+
+LEASE_ENV = "PTEFARM_LEASE"  # the token `farm pool exec` gives its command
+# The manifest's model fields that give the context length (as farm.cases.context_len reads them).
+CONTEXT_KEYS = ("max_seq_len", "max_context_len", "context_len")
 
 def _check_timeout(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     return finite_seconds(value, "--timeout")
@@ -92,11 +101,131 @@ def devices(as_json: bool) -> None:
             if s.error:
                 err.print(f"farm: error: {s.error}", markup=False)
     if any(s.error for s in scans):
-        sys.exit(3)  # an unreachable server is an infrastructure failure, after listing the rest
+        sys.exit(ExitCode.INFRA)  # an unreachable server is an infrastructure failure, after listing the rest
 
 
 def _open_device(config: FarmConfig, serial: str) -> Device:
     return find_device(config.adb_servers, serial, workspace_root=config.run.workspace)
+
+
+def lease_options(f):
+    """``--lease`` and ``--force``: what a command that acts on a pool device needs."""
+    f = click.option("--force", is_flag=True,
+                     help="use a pool device without its lease (or a quarantined one): a warning")(f)
+    return click.option("--lease", "lease_token", envvar=LEASE_ENV, default=None, metavar="TOKEN",
+                        help=f"the device's lease token [default: ${LEASE_ENV}, which "
+                             f"'farm pool exec' sets]")(f)
+
+
+def _warn(message: str) -> None:
+    click.echo(f"farm: warning: {message}", err=True)
+
+
+def _pool_if_any(config: FarmConfig) -> Any:
+    """The configured pool, or None when there is none: the default SQLite file not created yet (a
+    phone on a developer's desk, no pool ever synced) is not a pool, and is not created here."""
+    from farm.pool import Pool
+
+    if config.pool.url.startswith("sqlite:"):
+        from farm.pool.sqlite import sqlite_path
+
+        if not sqlite_path(config.pool.url).exists():
+            return None
+    return Pool.from_config(config)
+
+
+def _holder_text(status: Any) -> str:
+    """Who has a pool device now, for error messages."""
+    dev, lease = status.device, status.lease
+    if lease is not None:
+        return f"held by {lease.holder.describe()} (lease {lease.token[:8]})"
+    return f"{dev.state}" + (f" ({dev.reason})" if dev.reason else "")
+
+
+def _token_problem(pool: Any, token: str, serial: str) -> str:
+    """Why ``token`` does not hold ``serial``, from the lease's own events."""
+    events = pool.history(token=token, limit=1)
+    if not events:
+        return f"lease {token[:8]} is unknown to this pool"
+    last = events[-1]
+    if last.serial != serial:
+        return f"lease {token[:8]} is for {last.serial}, not {serial}"
+    return f"lease {token[:8]} ended ({last.kind})"
+
+
+def _pool_entry(config: FarmConfig, serial: str, force: bool) -> tuple[Any, Any, float, float] | None:
+    """(open pool, the device's DeviceStatus, pool clock now, local fence clock before the read), or
+    None for a device the pool does not know (or no pool, or --force with the pool unreachable)."""
+    from farm.pool.leases import fence_clock
+
+    pool = None
+    try:
+        pool = _pool_if_any(config)
+        if pool is None:
+            return None
+        started = fence_clock()
+        status = pool.status()
+    except PoolError as e:
+        if pool is not None:
+            pool.close()
+        if not force:
+            raise
+        _warn(f"cannot check the pool ({e}); using {serial} without a lease (--force)")
+        return None
+    found = next((d for d in status.devices if d.device.serial == serial), None)
+    if found is None:
+        pool.close()
+        return None
+    return pool, found, status.now, started
+
+
+@contextlib.contextmanager
+def leased_device(config: FarmConfig, device: Device, token: str | None, force: bool) -> Iterator[Any]:
+    """The device to act on, as the pool allows: a device the pool knows needs its lease token and
+    is then fenced (farm.fence: the device itself refuses our commands once another lease claims it)
+    and kept alive by a heartbeat while we use it; a quarantined device refuses work. ``force``
+    turns every refusal into a warning. A device the pool does not know is used as it is."""
+    from farm.fence import FencedDevice
+    from farm.pool.leases import Lease, fence_margin
+
+    serial = device.serial
+    entry = _pool_entry(config, serial, force)
+    if entry is None:  # not a pool device: as without a pool
+        yield device
+        return
+    pool, found, pool_now, started = entry
+    with pool:
+        dev, current = found.device, found.lease
+        if dev.state == "quarantined":
+            if not force:
+                raise InfraError(f"device {serial} is quarantined: {dev.reason or 'no reason given'} "
+                                 f"('farm pool restore {serial}' returns it; --force uses it anyway)",
+                                 serial=serial)
+            _warn(f"device {serial} is quarantined ({dev.reason}); using it anyway (--force)")
+        if token and current is not None and current.token == token:
+            ttl = current.expires - current.renewed
+            lease = Lease(pool, current, dev, ttl,
+                          valid_until=started + (current.expires - pool_now) - fence_margin(ttl))
+            fenced = FencedDevice(device, lease)
+            fence = device.shell(f"cat {shlex.quote(fenced.fence_path)} 2>/dev/null", timeout=30)
+            if fence.out.strip() != token:
+                fenced.claim()  # the pool says this lease holds the device now: older leases are fenced
+            lease.start_heartbeat()  # a run longer than the TTL keeps its lease
+            try:
+                yield fenced
+            finally:
+                lease.stop_heartbeat()
+            return
+        if token:
+            problem = f"{_token_problem(pool, token, serial)}; device {serial} is {_holder_text(found)}"
+        else:
+            problem = (f"device {serial} is in the pool ({_holder_text(found)}): pass its lease token "
+                       f"with --lease or ${LEASE_ENV} (farm pool lease --serial {serial}, or run under "
+                       f"farm pool exec --serial {serial} -- ...)")
+        if not force:
+            raise LeaseError(f"{problem}; or --force to use it anyway")
+        _warn(f"{problem}; using it without a lease (--force)")
+        yield device
 
 
 def _deploy_with_progress(device: Device, bundle: bundle_mod.Bundle, verify: str,
@@ -119,19 +248,41 @@ def _deploy_with_progress(device: Device, bundle: bundle_mod.Bundle, verify: str
 
 @click.command("deploy")
 @click.argument("manifest", type=click.Path(dir_okay=False))
-@click.option("--serial", "-s", required=True, help="device serial (see `farm devices`)")
+@click.option("--serial", "-s", required=True, envvar="ANDROID_SERIAL",
+              help="device serial (see `farm devices`) [default: $ANDROID_SERIAL]")
 @click.option("--verify", type=click.Choice(VERIFY_LEVELS), default="fast", show_default=True,
               help="fast: trust the device's record when size+mtime match; full: sha256 every file")
+@lease_options
 @config_option
 @json_option
-def deploy_cmd(manifest: str, serial: str, verify: str, as_json: bool) -> None:
-    """Push a bundle to a device's workspace, skipping files it already holds."""
+def deploy_cmd(manifest: str, serial: str, verify: str, lease_token: str | None, force: bool,
+               as_json: bool) -> None:
+    """Push a bundle to a device's workspace, skipping files it already holds.
+
+    A device of the pool needs its lease: --lease TOKEN or $PTEFARM_LEASE (see 'farm pool exec')."""
     config = farm_config()
     bundle = bundle_mod.load(manifest, verify=True)  # sizes, sha256, paths: before any device
-    device = _open_device(config, serial)
-    report = _deploy_with_progress(device, bundle, verify, timeout=min(config.run.command_timeout_s, 120.0),
-                                   quiet=as_json)
+    with leased_device(config, _open_device(config, serial), lease_token, force) as device:
+        report = _deploy_with_progress(device, bundle, verify,
+                                       timeout=min(config.run.command_timeout_s, 120.0), quiet=as_json)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
+
+
+def _check_context(bundle: bundle_mod.Bundle, seq_len: int) -> None:
+    """A --seq-len past the context the manifest gives is bad input, refused before any device."""
+    for key in CONTEXT_KEYS:
+        context = bundle.model.get(key)
+        if isinstance(context, int) and not isinstance(context, bool) and context > 1:
+            if seq_len > context:
+                raise UsageError(f"--seq-len: {seq_len} exceeds the context of bundle {bundle.name!r} "
+                                 f"({context} tokens, manifest field model.{key})")
+            return
+
+
+def _runner_error(stderr: str) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if "error:" in line]
+    return (errors or lines or ["exit code 2, no message"])[-1]
 
 
 def _print_result(result: RunResult) -> None:
@@ -145,7 +296,8 @@ def _print_result(result: RunResult) -> None:
 
 @click.command("run")
 @click.argument("manifest", type=click.Path(dir_okay=False))
-@click.option("--serial", "-s", required=True, help="device serial (see `farm devices`)")
+@click.option("--serial", "-s", required=True, envvar="ANDROID_SERIAL",
+              help="device serial (see `farm devices`) [default: $ANDROID_SERIAL]")
 @click.option("--prompt", "prompts", multiple=True, required=True, help="prompt; repeat for turns")
 @click.option("--system-prompt", default=None)
 @click.option("--mode", default="kv", show_default=True, help="a mode of the bundle: kv | hybrid")
@@ -160,13 +312,18 @@ def _print_result(result: RunResult) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="also keep the pulled output files here")
 @click.option("--no-deploy", is_flag=True, help="run what the device holds (no deploy check)")
+@lease_options
 @config_option
 @json_option
 def run_cmd(manifest: str, serial: str, prompts: tuple[str, ...], system_prompt: str | None,
             mode: str, updater: str, seq_len: int, temperature: float, num_iters: int,
             seed: int | None, timeout: float | None, out_dir: str | None, no_deploy: bool,
-            as_json: bool) -> None:
-    """Deploy a bundle (cached) and run its runner on a device; prints the generated text."""
+            lease_token: str | None, force: bool, as_json: bool) -> None:
+    """Deploy a bundle (cached) and run its runner on a device; prints the generated text.
+
+    A device of the pool needs its lease: --lease TOKEN or $PTEFARM_LEASE (see 'farm pool exec').
+    Exit code: 0 ok, 1 the runner failed, 2 bad input (a --seq-len past the model's context too),
+    3 infrastructure (device, adb, pool, lease; a quarantined device)."""
     for prompt in prompts:
         _check_text("--prompt", prompt)
     _check_text("--system-prompt", system_prompt)
@@ -180,20 +337,26 @@ def run_cmd(manifest: str, serial: str, prompts: tuple[str, ...], system_prompt:
                          system_prompt=system_prompt, seq_len=seq_len, temperature=temperature,
                          num_iters=num_iters, seed=seed)
     request.check()
-    device = _open_device(config, serial)
-    if not no_deploy:
-        _deploy_with_progress(device, bundle, "fast", timeout=min(config.run.command_timeout_s, 120.0),
-                              quiet=True)
-    try:
-        result = run(device, bundle, request, timeout=timeout or config.run.command_timeout_s,
-                     local_dir=Path(out_dir) if out_dir else None)
-    except RunnerFailed as e:
-        if as_json:
-            click.echo(json.dumps(e.result.to_dict(), indent=2))
-        else:
-            sys.stderr.write(e.result.stderr)
-        click.echo(f"farm: error: {e} [RunnerFailed]", err=True)
-        sys.exit(1)
+    _check_context(bundle, seq_len)
+    with leased_device(config, _open_device(config, serial), lease_token, force) as device:
+        if not no_deploy:
+            _deploy_with_progress(device, bundle, "fast",
+                                  timeout=min(config.run.command_timeout_s, 120.0), quiet=True)
+        try:
+            result = run(device, bundle, request, timeout=timeout or config.run.command_timeout_s,
+                         local_dir=Path(out_dir) if out_dir else None)
+        except RunnerFailed as e:
+            if e.result.exit_code == 2 and bundle.runner_dialect == Dialect.HOST:
+                # farm-llama-runner's "bad input" (a prompt that does not fit, a --seq_len past the
+                # .pte's context): the request was wrong, not the code under test.
+                raise UsageError(f"the runner refused the request: {_runner_error(e.result.stderr)}") \
+                    from None
+            if as_json:
+                click.echo(json.dumps(e.result.to_dict(), indent=2))
+            else:
+                sys.stderr.write(e.result.stderr)
+            click.echo(f"farm: error: {e} [RunnerFailed]", err=True)
+            sys.exit(ExitCode.TEST_FAILURE)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
