@@ -231,9 +231,11 @@ class _Exec:
         self.child: subprocess.Popen | None = None
         self.kill_at: float | None = None  # SIGKILL the command's group then, if it is still running
         self.lost: LeaseLost | None = None
+        self.signalled: int | None = None  # the first signal, also one that came before the start
 
     def stop(self, signum: int) -> None:
         """Send ``signum`` to the command's process group; SIGKILL it after EXEC_KILL_GRACE_S."""
+        self.signalled = self.signalled or signum
         if self.child is None or self.child.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -249,6 +251,8 @@ class _Exec:
             self.child = subprocess.Popen(self.command, env=env, process_group=0)
         except OSError as e:
             raise UsageError(f"{self.command[0]}: cannot run: {e.strerror}") from None
+        if self.signalled is not None:  # a signal between the grant and the start
+            self.stop(self.signalled)
         give_back = _hand_terminal(self.child.pid)
         try:
             while True:
@@ -312,12 +316,10 @@ def exec_command(request: LeaseRequest, holder: Holder, ttl: float | None, timeo
     """Lease, run ``command`` with the device's environment while a heartbeat renews the lease, and
     release; returns the command's exit code (128+N if signal N ended it)."""
     run: _Exec | None = None
-    pending: list[int] = []
 
     def on_signal(signum: int) -> None:
         if run is None:
             raise _Interrupted(signum)  # still waiting: acquire leaves the queue on the way out
-        pending.append(signum)
         run.stop(signum)  # forwarded; once the command has exited, the release is not interrupted
 
     with _open() as pool, _signals(on_signal):
@@ -341,8 +343,9 @@ def exec_command(request: LeaseRequest, holder: Holder, ttl: float | None, timeo
                 click.echo(f"farm: released {lease.serial}", err=True)
     if run.lost is not None:
         raise run.lost
-    if pending:
-        click.echo(f"farm: {signal.Signals(pending[0]).name}: {command[0]} ended with {code}", err=True)
+    if run.signalled is not None:
+        click.echo(f"farm: {signal.Signals(run.signalled).name}: {command[0]} ended with {code}",
+                   err=True)
     return code
 
 
