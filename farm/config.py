@@ -15,6 +15,12 @@ farm runs on its own adb server on this host and an SQLite pool under the farm h
     lease_ttl_s = 300
     acquire_timeout_s = 600
     quarantine_after = 3
+    liveness_s = 120                     # lease only devices seen (synced, or used) this recently
+    retention_days = 30                  # `farm pool prune`: rows of devices offline this long
+
+    [[devices]]                          # optional, per phone: tags the pool matches requests on
+    serial = "R5CW1234ABC"
+    tags = ["flagship", "usb3"]
 
     [run]
     command_timeout_s = 600
@@ -39,6 +45,19 @@ from farm.errors import UsageError
 
 DEFAULT_ADB_PORT = 15037  # the farm's own adb server, never the user's default 5037 unless asked
 DEFAULT_WORKSPACE = "/data/local/tmp/ptefarm"
+DEFAULT_LIVENESS_S = 120.0  # a device not seen (synced, or used) this long is not leased
+DEFAULT_RETENTION_DAYS = 30.0
+# A device tag: what `farm pool tag` and `[[devices]] tags` accept (no spaces or commas: tags are
+# listed comma-separated).
+TAG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}")
+
+
+def tag_problem(tag: object) -> str | None:
+    """Why ``tag`` is not a valid device tag, or None."""
+    if not isinstance(tag, str) or not TAG_PATTERN.fullmatch(tag):
+        return (f"tag {tag!r} must be 1-64 characters of letters, digits and _ . : + - "
+                f"(starting with a letter or digit)")
+    return None
 
 
 def farm_home() -> Path:
@@ -68,6 +87,16 @@ class PoolConfig:
     lease_ttl_s: float = 300.0
     acquire_timeout_s: float = 600.0
     quarantine_after: int = 3
+    liveness_s: float = DEFAULT_LIVENESS_S
+    retention_days: float = DEFAULT_RETENTION_DAYS
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """``[[devices]]``: what the config says about one phone (its tags, applied on every sync)."""
+
+    serial: str
+    tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,13 +112,21 @@ class FarmConfig:
     pool: PoolConfig
     run: RunConfig = field(default_factory=RunConfig)
     source: Path | None = None
+    devices: tuple[DeviceConfig, ...] = ()
+
+    @property
+    def device_tags(self) -> dict[str, tuple[str, ...]]:
+        """serial -> the tags the config gives it (only devices that have some)."""
+        return {d.serial: d.tags for d in self.devices if d.tags}
 
 
 _KNOWN = {
     "farm": {"home"},
     "adb_servers": {"host", "port"},
-    "pool": {"url", "lease_ttl_s", "acquire_timeout_s", "quarantine_after"},
+    "pool": {"url", "lease_ttl_s", "acquire_timeout_s", "quarantine_after", "liveness_s",
+             "retention_days"},
     "run": {"command_timeout_s", "workspace"},
+    "devices": {"serial", "tags"},
 }
 
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
@@ -234,6 +271,10 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
         acquire_timeout_s=float(_get(pool_t, "pool", "acquire_timeout_s", (int, float), 600.0,
                                      loc, True)),
         quarantine_after=_get(pool_t, "pool", "quarantine_after", int, 3, loc, True),
+        liveness_s=float(_get(pool_t, "pool", "liveness_s", (int, float), DEFAULT_LIVENESS_S, loc,
+                              True)),
+        retention_days=float(_get(pool_t, "pool", "retention_days", (int, float),
+                                  DEFAULT_RETENTION_DAYS, loc, True)),
     )
     run_t = raw.get("run", {})
     if not isinstance(run_t, dict):
@@ -247,7 +288,38 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
     if not run.workspace.startswith("/"):
         raise UsageError(f"{loc('run.workspace')}: key 'run.workspace' must be an absolute device "
                          f"path")
-    return FarmConfig(home=home, adb_servers=servers, pool=pool, run=run, source=source)
+    devices = _devices(raw.get("devices", []), loc)
+    return FarmConfig(home=home, adb_servers=servers, pool=pool, run=run, source=source,
+                      devices=devices)
+
+
+def _devices(raw: Any, loc: _Where) -> tuple[DeviceConfig, ...]:
+    """``[[devices]]``: serial (unique) and tags of each configured phone."""
+    if not isinstance(raw, list):
+        raise UsageError(f"{loc('devices')}: 'devices' must be an array of tables ([[devices]])")
+    devices: list[DeviceConfig] = []
+    seen: dict[str, str] = {}
+    for i, d in enumerate(raw):
+        label = f"devices[{i}]"
+        if not isinstance(d, dict):
+            raise UsageError(f"{loc(label)}: '{label}' must be a table")
+        _check_keys(d, "devices", label, loc)
+        if "serial" not in d:
+            raise UsageError(f"{loc(label)}: key '{label}.serial' is missing")
+        serial = _get(d, label, "serial", str, "", loc).strip()
+        if not serial:
+            raise UsageError(f"{loc(label + '.serial')}: key '{label}.serial' must not be empty")
+        if serial in seen:
+            raise UsageError(f"{loc(label + '.serial')}: key '{label}.serial': {serial!r} is already "
+                             f"configured as {seen[serial]}")
+        seen[serial] = label
+        tags = _get(d, label, "tags", list, [], loc)
+        for tag in tags:
+            problem = tag_problem(tag)
+            if problem:
+                raise UsageError(f"{loc(label + '.tags')}: key '{label}.tags': {problem}")
+        devices.append(DeviceConfig(serial=serial, tags=tuple(sorted(set(tags)))))
+    return tuple(devices)
 
 
 def load_config(path: str | os.PathLike | None = None) -> FarmConfig:

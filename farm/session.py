@@ -22,10 +22,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from farm.config import AdbServerAddress, FarmConfig
-from farm.devices import DeviceInfo, scan_server
+from farm.config import DEFAULT_LIVENESS_S, AdbServerAddress, FarmConfig
+from farm.devices import DeviceInfo, client_for, list_server, scan_server
 from farm.errors import AdbError, InfraError, UsageError
-from farm.pool import AVAILABLE, LEASED, Pool
+from farm.pool import AVAILABLE, LEASED, OFFLINE, Pool
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,9 @@ class FarmAddress:
     acquire_timeout_s: float = 600.0
     command_timeout_s: float = 600.0
     quarantine_after: int = 3
+    liveness_s: float | None = DEFAULT_LIVENESS_S
+    # serial -> tags from the config's [[devices]], applied by every sync; None: leave them alone
+    device_tags: dict[str, list[str]] | None = field(default=None, hash=False)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -88,7 +91,19 @@ class FarmAddress:
 
     def open_pool(self) -> Pool:
         return Pool.open(self.pool_url, quarantine_after=self.quarantine_after,
-                         default_ttl_s=self.lease_ttl_s, default_timeout_s=self.acquire_timeout_s)
+                         default_ttl_s=self.lease_ttl_s, default_timeout_s=self.acquire_timeout_s,
+                         liveness_s=self.liveness_s, device_tags=self.device_tags)
+
+    @property
+    def refresh_interval_s(self) -> float:
+        """How often a farm's owner refreshes its devices' liveness: well within the bound."""
+        return watch_interval(self.liveness_s)
+
+
+def watch_interval(liveness_s: float | None) -> float:
+    """A refresh interval that keeps live devices within the liveness bound: a quarter of it,
+    between 0.5 and 30 seconds."""
+    return 30.0 if liveness_s is None else min(30.0, max(0.5, liveness_s / 4))
 
 
 @dataclass
@@ -127,6 +142,37 @@ class Farm:
             if server not in reachable:  # its devices cannot be used: offline until it answers
                 self.pool.sync([], [server])
         return found
+
+    def refresh(self) -> list[str]:
+        """One cheap liveness pass: ask each adb server for its device list (no command runs on any
+        device) and mark the usable devices seen. A server whose list differs from the pool (a device
+        new, back, gone or no longer usable) gets a full sync of its devices; one that does not
+        answer has its devices go offline, as in ``sync``. Returns the servers that were fully
+        synced; ``unreachable`` names those that did not answer. Never raises for adb."""
+        self.unreachable = []
+        synced: list[str] = []
+        online = {}
+        for status in self.pool.status().devices:
+            d = status.device
+            if d.present and d.state != OFFLINE:
+                online.setdefault(d.server, set()).add(d.serial)
+        for server in self.servers:
+            try:
+                entries = list_server(client_for(server), server)
+            except AdbError as e:
+                log.warning("adb server %s: %s", server, e)
+                self.unreachable.append(str(e))
+                self.pool.sync([], [server])
+                continue
+            usable = [serial for serial, state in entries if state == "device"]
+            changed = self.pool.touch(usable)
+            if changed or set(usable) != online.get(str(server), set()):
+                scan = scan_server(server, workspace_root=self.address.workspace)
+                if scan.error:
+                    self.unreachable.append(scan.error)
+                self.pool.sync(scan.devices, [server])
+                synced.append(str(server))
+        return synced
 
     def inventory(self) -> dict[str, int]:
         """SoC -> devices that can take work now or soon (available or leased; not offline,
@@ -185,16 +231,45 @@ def healing(vf, interval_s: float = 1.0) -> Iterator[threading.Thread]:
 
 
 @contextlib.contextmanager
+def watching(farm: Farm, interval_s: float | None = None) -> Iterator[threading.Thread]:
+    """While the block runs, keep the farm's devices fresh in the pool (``Farm.refresh`` every
+    ``interval_s``, by default well within the pool's liveness bound): a run's devices stay
+    leasable however long it lasts, and one that dies goes offline within the interval."""
+    stop = threading.Event()
+    interval = farm.address.refresh_interval_s if interval_s is None else interval_s
+
+    def watch() -> None:
+        while not stop.wait(interval):
+            try:
+                farm.refresh()
+            except InfraError as e:  # the pool is down: try again at the next beat
+                log.warning("device liveness refresh failed: %s", e)
+            except Exception as e:  # never let the watcher take the run down
+                log.warning("device liveness watcher: %s: %s", type(e).__name__, e)
+
+    thread = threading.Thread(target=watch, name="ptefarm-liveness", daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+
+
+@contextlib.contextmanager
 def open_farm(config: FarmConfig, *, virtual: Sequence[tuple[str, int]] = (),
-              workdir: Path | None = None) -> Iterator[Farm]:
+              workdir: Path | None = None, watch: bool = True) -> Iterator[Farm]:
     """Open the configured farm, or with ``virtual`` a private one: fresh virtual devices on an adb
     server of their own and a SQLite pool in ``workdir`` (a temporary directory by default), all
-    stopped on exit. Either way the pool is synced with what the adb servers see."""
+    stopped on exit. Either way the pool is synced with what the adb servers see, and with ``watch``
+    kept fresh while the farm is open (``watching``: the devices stay within the pool's liveness
+    bound however long the run takes)."""
     with contextlib.ExitStack() as stack:
         timeouts = dict(lease_ttl_s=config.pool.lease_ttl_s,
                         acquire_timeout_s=config.pool.acquire_timeout_s,
                         command_timeout_s=config.run.command_timeout_s,
-                        quarantine_after=config.pool.quarantine_after)
+                        quarantine_after=config.pool.quarantine_after,
+                        liveness_s=config.pool.liveness_s)
         vf = None
         if virtual:
             from farm.virtual import VirtualDeviceSpec, VirtualFarm
@@ -212,8 +287,12 @@ def open_farm(config: FarmConfig, *, virtual: Sequence[tuple[str, int]] = (),
         else:
             address = FarmAddress(pool_url=config.pool.url,
                                   servers=tuple(str(s) for s in config.adb_servers),
-                                  workspace=config.run.workspace, **timeouts)
+                                  workspace=config.run.workspace,
+                                  device_tags={k: list(v) for k, v in config.device_tags.items()},
+                                  **timeouts)
         pool = stack.enter_context(address.open_pool())
         farm = Farm(address=address, pool=pool, virtual_farm=vf)
         farm.sync()
+        if watch:
+            stack.enter_context(watching(farm))
         yield farm

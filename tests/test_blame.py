@@ -16,6 +16,7 @@ from farm.adb_server import adb_binary
 from farm.devices import discover, find_device, scan_server
 from farm.errors import AdbError, AdbServerDown, DeviceGone, InfraError
 from farm.pool import AVAILABLE, OFFLINE, QUARANTINED, Pool
+from farm.pool.schema import SCHEMA_VERSION
 from farm.procs import cmdline, wait_until
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
 from tests.support.pool import fake_device
@@ -236,11 +237,12 @@ def test_a_version_1_pool_is_migrated(pool_url):
     with Pool.open(pool_url) as pool:
         pool.sync([fake_device("dev0")])
         with pool.store.write() as txn:
-            txn.run("ALTER TABLE devices DROP COLUMN failure_counted_at")
+            for column in ("failure_counted_at", "config_tags", "admin_tags"):  # added after 1
+                txn.run(f"ALTER TABLE devices DROP COLUMN {column}")
             txn.run("UPDATE pool_meta SET schema_version = 1 WHERE id = 1")
     with Pool.open(pool_url, failure_window_s=30) as pool:
         assert not pool.record_infra_failure("dev0", "x")
         assert not pool.record_infra_failure("dev0", "x")
         assert _device(pool).infra_failures == 1
         with pool.store.read() as txn:
-            assert txn.one("SELECT schema_version FROM pool_meta")["schema_version"] == 2
+            assert txn.one("SELECT schema_version FROM pool_meta")["schema_version"] == SCHEMA_VERSION

@@ -54,8 +54,10 @@ def test_many_processes_contend_for_few_devices(pool_url, tmp_path):
             # Two impatient workers may time out; the rest wait long enough to be served.
             "timeout_s": 0.05 if i in (5, 11) else 60, "cycles": CYCLES, "hold_s": 0.02,
         }
-    for i in range(2):  # nobody can serve these: every request must end in a timeout
-        specs[f"x{i}"] = {"request": {"socs": ["SM8750"], "priority": "release"}, "timeout_s": 0.2,
+    for i in range(2):  # nobody can serve these: every request must end in a timeout (a request
+        # no device could ever match is refused at once, so these exclude the devices that could)
+        specs[f"x{i}"] = {"request": {"socs": ["SM8650"], "exclude": ["p0", "p1"],
+                                      "priority": "release"}, "timeout_s": 0.2,
                           "cycles": 2, "hold_s": 0}
     procs = {}
     with reaped(procs):

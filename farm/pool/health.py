@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from farm.config import tag_problem
 from farm.errors import UsageError
-from farm.pool.model import OFFLINE, QUARANTINED, DeviceRecord, SyncReport
-from farm.pool.rows import log_event, set_state, settled_state
+from farm.pool.model import AVAILABLE, OFFLINE, QUARANTINED, DeviceRecord, SyncReport
+from farm.pool.rows import has_live_lease, log_event, set_state, settled_state, tags_of_row
 from farm.pool.store import Txn
 
 if TYPE_CHECKING:
@@ -33,11 +34,14 @@ def _device_row(txn: Txn, serial: str) -> dict[str, Any]:
     return row
 
 
-def sync(txn: Txn, infos: Iterable[DeviceInfo], servers: Iterable[str] | None) -> SyncReport:
+def sync(txn: Txn, infos: Iterable[DeviceInfo], servers: Iterable[str] | None,
+         config_tags: Mapping[str, Iterable[str]] | None = None) -> SyncReport:
     """Make the pool agree with a discovery result.
 
     ``servers``: the adb servers that were scanned ("host:port"); only their devices can vanish, so a
     host that syncs its own servers leaves other hosts' devices alone. None means every server.
+    ``config_tags``: serial -> tags from the farm config, applied to every device found (one the
+    config no longer names loses them); None leaves the config tags in the pool as they are.
     """
     pairs = []
     unusable: dict[str, str] = {}  # serial -> why adb cannot use it (offline, unauthorized, probe error)
@@ -99,7 +103,109 @@ def sync(txn: Txn, infos: Iterable[DeviceInfo], servers: Iterable[str] | None) -
         log_event(txn, "offline", serial=serial, from_state=row["state"], to_state=OFFLINE,
                   detail=f"not found on {row['server']}" + _forget_failures(txn, row))
         report.vanished.append(serial)
+    if config_tags is not None:
+        _apply_config_tags(txn, seen, existing, config_tags, report)
     return report
+
+
+def _apply_config_tags(txn: Txn, seen: dict[str, DeviceRecord], existing: dict[str, dict[str, Any]],
+                       config_tags: Mapping[str, Iterable[str]], report: SyncReport) -> None:
+    for serial in seen:
+        wanted = json.dumps(sorted(set(config_tags.get(serial, ()))))
+        old = existing[serial]["config_tags"] if serial in existing else "[]"
+        if old == wanted:
+            continue
+        txn.run("UPDATE devices SET config_tags = ? WHERE serial = ?", (wanted, serial))
+        listed = ", ".join(json.loads(wanted)) or "none"
+        log_event(txn, "tagged", serial=serial, detail=f"config tags: {listed}")
+        txn.freed = True  # a waiter for these tags may now be served
+        if serial not in report.updated and serial not in report.added:
+            report.updated.append(serial)
+
+
+def mark_stale(txn: Txn, liveness_s: float) -> list[str]:
+    """Available devices not seen within ``liveness_s`` go offline: nobody has shown they still
+    answer (a sync that found them, or a success on them). A sync that finds them brings them back.
+    Leased devices are left to their holder; they are checked when they come back to the pool."""
+    cutoff = txn.now - liveness_s
+    rows = txn.all("SELECT serial, last_seen FROM devices WHERE state = ? AND last_seen < ?",
+                   (AVAILABLE, cutoff))
+    for row in rows:
+        why = (f"not seen for {txn.now - row['last_seen']:.0f}s (liveness bound {liveness_s:g}s; "
+               f"'farm pool sync' or 'farm pool watch' refreshes it)")
+        set_state(txn, row["serial"], AVAILABLE, OFFLINE, reason=why)
+        log_event(txn, "offline", serial=row["serial"], from_state=AVAILABLE, to_state=OFFLINE,
+                  detail=why)
+    return [r["serial"] for r in rows]
+
+
+def touch(txn: Txn, serials: Iterable[str]) -> list[str]:
+    """Mark devices seen now (their adb server lists them as usable). Returns the serials that a
+    touch cannot bring up to date (unknown to the pool, or offline): they need a full sync."""
+    need_sync = []
+    for serial in dict.fromkeys(serials):
+        row = txn.one("SELECT state, present FROM devices WHERE serial = ?", (serial,))
+        if row is None or row["state"] == OFFLINE or not row["present"]:
+            need_sync.append(serial)
+            continue
+        txn.run("UPDATE devices SET last_seen = ? WHERE serial = ?", (txn.now, serial))
+    return need_sync
+
+
+def prune(txn: Txn, older_than_s: float) -> list[str]:
+    """Drop the rows of devices offline (and unseen) for longer than ``older_than_s``, with their
+    ended leases and their events from before that; never a device with a live lease, and never a
+    quarantined one (its reason must survive until someone restores or removes it)."""
+    cutoff = txn.now - older_than_s
+    rows = txn.all("SELECT * FROM devices WHERE state = ? AND state_since < ? AND last_seen < ? "
+                   "ORDER BY serial", (OFFLINE, cutoff, cutoff))
+    pruned = []
+    for row in rows:
+        serial = row["serial"]
+        if has_live_lease(txn, serial):
+            continue
+        txn.run("DELETE FROM leases WHERE serial = ? AND ended IS NOT NULL", (serial,))
+        txn.run("DELETE FROM events WHERE serial = ? AND at < ?", (serial, cutoff))
+        txn.run("DELETE FROM devices WHERE serial = ?", (serial,))
+        log_event(txn, "pruned", serial=serial, from_state=OFFLINE,
+                  detail=f"offline {(txn.now - row['state_since']) / 86400:.1f} days, last seen "
+                         f"{(txn.now - row['last_seen']) / 86400:.1f} days ago on {row['server']}"
+                         + (f" ({row['reason']})" if row["reason"] else ""))
+        pruned.append(serial)
+    return pruned
+
+
+def tag(txn: Txn, serial: str, tags: Iterable[str], *, remove: bool = False) -> None:
+    """Add (or remove) ``farm pool tag`` tags of a device. Removing a tag that the config or
+    discovery gives is a UsageError naming where it comes from."""
+    row = _device_row(txn, serial)
+    tags = list(dict.fromkeys(tags))
+    if not tags:
+        raise UsageError(f"device {serial}: no tag given")
+    for t in tags:
+        problem = tag_problem(t)
+        if problem:
+            raise UsageError(f"device {serial}: {problem}")
+    admin = set(json.loads(row["admin_tags"]))
+    if remove:
+        for t in tags:
+            if t in admin:
+                continue
+            if t in json.loads(row["config_tags"]):
+                raise UsageError(f"device {serial}: tag {t!r} comes from the farm config "
+                                 f"([[devices]] serial = {serial!r}); remove it there")
+            if t in json.loads(row["tags"]):
+                raise UsageError(f"device {serial}: tag {t!r} is reported by discovery, not set "
+                                 f"with 'farm pool tag'")
+            raise UsageError(f"device {serial}: has no tag {t!r} (tags: "
+                             f"{', '.join(tags_of_row(row)) or 'none'})")
+        new = admin - set(tags)
+    else:
+        new = admin | set(tags)
+        txn.freed = True  # a waiter for these tags may now be served
+    txn.run("UPDATE devices SET admin_tags = ? WHERE serial = ?", (json.dumps(sorted(new)), serial))
+    log_event(txn, "untagged" if remove else "tagged", serial=serial,
+              detail=", ".join(tags))
 
 
 def _mark_unusable(txn: Txn, rec: DeviceRecord, row: dict[str, Any] | None, why: str,
@@ -190,7 +296,9 @@ def record_infra_failure(txn: Txn, serial: str, reason: str, quarantine_after: i
 
 
 def record_success(txn: Txn, serial: str) -> None:
+    """The device did its work: it answers, so it counts as seen now (liveness)."""
     row = _device_row(txn, serial)
+    txn.run("UPDATE devices SET last_seen = ? WHERE serial = ?", (txn.now, serial))
     if int(row["infra_failures"]):
         txn.run("UPDATE devices SET infra_failures = 0 WHERE serial = ?", (serial,))
         log_event(txn, "failures_reset", serial=serial,

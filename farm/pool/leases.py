@@ -17,22 +17,25 @@ to a holder that died before noticing comes back when that lease's TTL runs out.
 
 from __future__ import annotations
 
+import difflib
 import logging
+import math
 import random
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Self
 
-from farm.config import FarmConfig
-from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError
+from farm.config import DEFAULT_LIVENESS_S, FarmConfig
+from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError, UsageError
 from farm.pool import health
 from farm.pool.model import (
     AVAILABLE,
     LEASED,
+    OFFLINE,
     DeviceRecord,
     DeviceStatus,
     Event,
@@ -94,6 +97,7 @@ class _Outcome:
     device: DeviceRecord | None = None
     queue_id: int | None = None
     timeout_message: str | None = None
+    refused: str | None = None  # the request can never be served by this pool: bad input
     remaining_s: float = 0.0  # the lease's time left, pool clock, when the transaction began
 
 
@@ -103,20 +107,22 @@ def waiting(txn: Txn) -> list[QueueEntry]:
     return sorted(entries, key=lambda q: q.rank)
 
 
-def dispatch(txn: Txn) -> dict[int, str]:
+def dispatch(txn: Txn, liveness_s: float | None = None) -> dict[int, str]:
     """Give each available device to the first waiter, in service order, whose request it satisfies.
 
     This is the only place a lease is created. A waiter at the head of the queue for one kind of
-    device does not hold back a device it cannot use. Returns {queue id: lease token} of the grants.
+    device does not hold back a device it cannot use. With ``liveness_s``, only devices seen within
+    that many seconds are granted. Returns {queue id: lease token} of the grants.
     """
     txn.freed = False
     queue = waiting(txn)
     if not queue:
         return {}
     granted: dict[int, str] = {}
+    seen_since = -math.inf if liveness_s is None else txn.now - liveness_s
     # Least recently changed first, so that load spreads over equivalent devices.
-    for row in txn.all("SELECT * FROM devices WHERE state = ? ORDER BY state_since, serial",
-                       (AVAILABLE,)):
+    for row in txn.all("SELECT * FROM devices WHERE state = ? AND last_seen >= ? "
+                       "ORDER BY state_since, serial", (AVAILABLE, seen_since)):
         device = device_from_row(row)
         for entry in queue:
             if entry.id not in granted and entry.request.matches(device):
@@ -147,7 +153,18 @@ class Pool:
     def __init__(self, store: Store, *, quarantine_after: int = 3, default_ttl_s: float = 300.0,
                  default_timeout_s: float = 600.0, poll_s: float = DEFAULT_POLL_S,
                  waiter_stale_s: float = 30.0,
-                 failure_window_s: float = DEFAULT_FAILURE_WINDOW_S):
+                 failure_window_s: float = DEFAULT_FAILURE_WINDOW_S,
+                 liveness_s: float | None = DEFAULT_LIVENESS_S,
+                 device_tags: Mapping[str, Sequence[str]] | None = None):
+        """``liveness_s``: a device is leased only if it was seen (found by a sync, or a success
+        recorded on it) within this many seconds; an available one not seen for longer goes offline
+        until a sync finds it again. None: no bound. ``device_tags``: serial -> tags from the farm
+        config, applied by ``sync`` (None: a sync leaves the pool's config tags alone)."""
+        if liveness_s is not None and not 0 < liveness_s < float("inf"):
+            raise ValueError(f"liveness_s must be finite and > 0, got {liveness_s}")
+        self.liveness_s = liveness_s
+        self.device_tags = None if device_tags is None else \
+            {serial: tuple(tags) for serial, tags in device_tags.items()}
         self.store = store
         self.quarantine_after = quarantine_after
         if not 0 <= failure_window_s < float("inf"):
@@ -171,6 +188,8 @@ class Pool:
         options.setdefault("quarantine_after", config.pool.quarantine_after)
         options.setdefault("default_ttl_s", config.pool.lease_ttl_s)
         options.setdefault("default_timeout_s", config.pool.acquire_timeout_s)
+        options.setdefault("liveness_s", config.pool.liveness_s)
+        options.setdefault("device_tags", config.device_tags)
         return cls.open(config.pool.url, **options)
 
     def close(self) -> None:
@@ -190,14 +209,19 @@ class Pool:
         to waiters) and hands out whatever the body freed before it commits."""
         with self.store.write() as txn:
             reclaim_expired(txn)
+            if self.liveness_s is not None:
+                health.mark_stale(txn, self.liveness_s)
             if time.monotonic() - self._stale_checked > self.waiter_stale_s / 10:
                 self._drop_stale_waiters(txn)
                 self._stale_checked = time.monotonic()
             if txn.freed:
-                dispatch(txn)
+                self._dispatch(txn)
             yield txn
             if txn.freed:
-                dispatch(txn)
+                self._dispatch(txn)
+
+    def _dispatch(self, txn: Txn) -> dict[int, str]:
+        return dispatch(txn, self.liveness_s)
 
     def acquire(self, request: LeaseRequest | None = None, holder: Holder | None = None,
                 ttl_s: float | None = None, timeout_s: float | None = None,
@@ -246,6 +270,8 @@ class Pool:
                 if outcome.timeout_message is not None:
                     queue_id = None
                     raise LeaseTimeout(outcome.timeout_message, serial=request.serial)
+                if outcome.refused is not None:
+                    raise UsageError(outcome.refused)
                 if listener is None:
                     # Listen before the next poll, so that no grant falls between the two.
                     listener = self.store.listener()
@@ -298,19 +324,22 @@ class Pool:
         """One write-locked step of acquire. Devices are only ever granted by ``dispatch``; here we
         join the queue, or collect what dispatch granted us, or leave when time is up."""
         if queue_id is not None:
-            dispatch(txn)  # normally a no-op: every change that frees a device dispatches it
+            self._dispatch(txn)  # normally a no-op: every change that frees a device dispatches it
             granted = txn.one("SELECT * FROM leases WHERE queue_id = ?", (queue_id,))
             if granted is not None and granted["ended"] is None:
                 return self._outcome_granted(txn, granted)
             if granted is not None or txn.one("SELECT id FROM queue WHERE id = ?", (queue_id,)) is None:
                 queue_id = None  # dropped as stale (we were paused too long): queue again, at the back
         if queue_id is None:
+            refusal = self._refusal(txn, request)
+            if refusal is not None:
+                return _Outcome(refused=refusal)
             queue_id = txn.insert(
                 "INSERT INTO queue (priority, request, holder_user, holder_host, holder_pid, "
                 "holder_ci_job, purpose, ttl, enqueued, polled) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 (request.priority, request.to_json(), *holder_params(holder), ttl, txn.now, txn.now))
-            if queue_id in dispatch(txn):  # served at once: it never waited, so no "queued" event
+            if queue_id in self._dispatch(txn):  # served at once: it never waited, so no "queued" event
                 granted = txn.one("SELECT * FROM leases WHERE queue_id = ?", (queue_id,))
                 return self._outcome_granted(txn, granted)
             log_event(txn, "queued", queue_id=queue_id, holder=holder.describe(),
@@ -356,6 +385,46 @@ class Pool:
             log.warning("leaving queue entry %d after an interrupted acquire failed (%s); "
                         "it is dropped as stale later", queue_id, e)
 
+    def _refusal(self, txn: Txn, request: LeaseRequest) -> str | None:
+        """Why no device of this pool could ever serve ``request`` (None: one could, or the pool is
+        empty and devices may still be added). Offline and quarantined devices count: they may come
+        back; the serials a request excludes count too. A device whose SoC could not be read might be
+        any SoC. A SoC name that neither the SoC table nor the pool knows is refused with the
+        nearest known names."""
+        devices = [device_from_row(r) for r in txn.all("SELECT * FROM devices ORDER BY serial")]
+        if not devices:
+            return None
+        from farm.soc import HTP_ARCH_BY_SOC
+
+        known = sorted(set(HTP_ARCH_BY_SOC) | {d.soc.upper() for d in devices if d.soc})
+        unknown = [s for s in request.socs if s not in known]
+        if not unknown and any(_could_match(request, d) for d in devices):
+            return None
+        reasons = []
+        for soc in unknown:
+            close = difflib.get_close_matches(soc, known, n=3, cutoff=0.6)
+            reasons.append(f"unknown SoC {soc!r}" + (f" (did you mean {' or '.join(close)}?)"
+                                                        if close else ""))
+        pool_socs = {(d.soc or "").upper() for d in devices}
+        if request.socs and not unknown and not (set(request.socs) & pool_socs):
+            reasons.append(f"no device of SoC {'|'.join(request.socs)}")
+        all_tags = {t for d in devices for t in d.tags}
+        missing = [t for t in request.tags if t not in all_tags]
+        if missing:
+            reasons.append(f"unknown tag(s) {', '.join(missing)}")
+        archs = [a for a in (d.htp_arch_num for d in devices) if a is not None]
+        if request.min_htp_arch is not None and archs and request.min_htp_arch > max(archs):
+            reasons.append(f"HTP >= v{request.min_htp_arch} is above every device (highest: "
+                           f"v{max(archs)})")
+        if request.serial is not None and request.serial not in {d.serial for d in devices}:
+            reasons.append(f"no device {request.serial}")
+        if request.virtual is not None and all(d.virtual != request.virtual for d in devices):
+            reasons.append(f"no {'virtual' if request.virtual else 'physical'} device")
+        if not reasons:
+            reasons.append("no single device has all of it")
+        return (f"no device in the pool could ever serve [{request.describe()}]: "
+                f"{'; '.join(reasons)}. The pool has {_inventory(devices)}")
+
     def _timeout_message(self, txn: Txn, request: LeaseRequest, timeout: float,
                          ahead: list[QueueEntry]) -> str:
         rows = txn.all("SELECT * FROM devices ORDER BY serial")
@@ -375,6 +444,10 @@ class Pool:
             text = f"{d.serial} {d.state}"
             if d.reason:
                 text += f" ({d.reason})"
+            elif (d.state == AVAILABLE and self.liveness_s is not None and d.last_seen is not None
+                  and txn.now - d.last_seen > self.liveness_s):
+                text += (f" (not seen for {txn.now - d.last_seen:.0f}s, over the liveness bound of "
+                         f"{self.liveness_s:g}s: run 'farm pool sync' or 'farm pool watch')")
             if lease:
                 text += (f", held by {lease.holder.describe()} for "
                          f"{txn.now - lease.created:.0f}s, expires in {lease.expires - txn.now:.0f}s")
@@ -425,7 +498,30 @@ class Pool:
         addresses or "host:port"; all servers if None) that are missing go offline; returning ones
         come back."""
         with self._write() as txn:
-            return health.sync(txn, devices, None if servers is None else [str(s) for s in servers])
+            return health.sync(txn, devices, None if servers is None else [str(s) for s in servers],
+                               self.device_tags)
+
+    def touch(self, serials: Sequence[str]) -> list[str]:
+        """Mark devices seen now (an adb server lists them as usable: a cheap liveness signal that
+        runs no command on them). Returns the serials that need a full ``sync`` instead (unknown to
+        the pool, or offline)."""
+        with self._write() as txn:
+            return health.touch(txn, serials)
+
+    def prune(self, older_than_s: float) -> list[str]:
+        """Drop devices offline for longer than ``older_than_s`` (with their ended leases and older
+        events); never one with a live lease, never a quarantined one. Returns the serials."""
+        if not 0 <= older_than_s < float("inf"):
+            raise UsageError(f"prune: the age must be a finite number >= 0, got {older_than_s!r}")
+        with self._write() as txn:
+            return health.prune(txn, older_than_s)
+
+    def tag(self, serial: str, tags: Sequence[str], *, remove: bool = False) -> DeviceRecord:
+        """Add (or with ``remove``, take away) tags set by hand; returns the device with all its tags
+        (discovery's, the config's and these)."""
+        with self._write() as txn:
+            health.tag(txn, serial, tags, remove=remove)
+            return device_from_row(txn.one("SELECT * FROM devices WHERE serial = ?", (serial,)))
 
     def record_infra_failure(self, serial: str, reason: str) -> bool:
         """Count an infra failure; True if this one quarantined the device. Failures within
@@ -474,6 +570,36 @@ class Pool:
         with self.store.read() as txn:
             rows = txn.all(sql, params)
         return [event_from_row(r) for r in reversed(rows)]
+
+
+def _could_match(request: LeaseRequest, device: DeviceRecord) -> bool:
+    """Whether ``device`` could serve ``request`` some day, whatever its state and the request's
+    exclusions; a device whose SoC is unknown (adb could not probe it) might be any SoC."""
+    loose = replace(request, exclude=())
+    if device.soc is None:
+        loose = replace(loose, socs=(), min_htp_arch=None)
+    return loose.matches(device)
+
+
+def _inventory(devices: list[DeviceRecord]) -> str:
+    """What a pool has, in one line: ``3 device(s): SoC SM8550 (1), SM8650 (2); HTP v73, v75; ...``."""
+    socs: dict[str, int] = {}
+    tags: dict[str, int] = {}
+    for d in devices:
+        socs[d.soc or "unknown"] = socs.get(d.soc or "unknown", 0) + 1
+        for t in d.tags:
+            tags[t] = tags.get(t, 0) + 1
+    archs = sorted({d.htp_arch_num for d in devices if d.htp_arch_num is not None})
+    parts = ["SoC " + ", ".join(f"{s} ({n})" for s, n in sorted(socs.items()))]
+    if archs:
+        parts.append("HTP " + ", ".join(f"v{a}" for a in archs))
+    parts.append("tags " + (", ".join(f"{t} ({n})" for t, n in sorted(tags.items())) or "none"))
+    n_virtual = sum(d.virtual for d in devices)
+    parts.append(f"{n_virtual} virtual, {len(devices) - n_virtual} physical")
+    offline = [d.serial for d in devices if d.state == OFFLINE]
+    if offline:
+        parts.append(f"{len(offline)} offline")
+    return f"{len(devices)} device(s): {'; '.join(parts)}"
 
 
 @dataclass

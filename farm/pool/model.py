@@ -72,6 +72,7 @@ class DeviceRecord:
     reason: str = ""
     present: bool = True
     infra_failures: int = 0
+    last_seen: float | None = None  # pool clock: the last sync that found it, or success on it
 
     @classmethod
     def from_info(cls, info: DeviceInfo) -> DeviceRecord:

@@ -20,11 +20,20 @@ from farm.pool.model import (
 from farm.pool.store import Txn
 
 
+def tags_of_row(row: dict[str, Any], *sources: str) -> tuple[str, ...]:
+    """The union of a device row's tag columns (default: all three sources)."""
+    tags: set[str] = set()
+    for column in sources or ("tags", "config_tags", "admin_tags"):
+        tags.update(json.loads(row.get(column) or "[]"))
+    return tuple(sorted(tags))
+
+
 def device_from_row(row: dict[str, Any]) -> DeviceRecord:
     return DeviceRecord(serial=row["serial"], server=row["server"], soc=row["soc"],
                         htp_arch=row["htp_arch"], model=row["model"], virtual=bool(row["virtual"]),
-                        tags=tuple(json.loads(row["tags"])), state=row["state"], reason=row["reason"],
-                        present=bool(row["present"]), infra_failures=int(row["infra_failures"]))
+                        tags=tags_of_row(row), state=row["state"], reason=row["reason"],
+                        present=bool(row["present"]), infra_failures=int(row["infra_failures"]),
+                        last_seen=row.get("last_seen"))
 
 
 def holder_from_row(row: dict[str, Any]) -> Holder:

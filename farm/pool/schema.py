@@ -98,6 +98,11 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     # When the device's last infra failure that counted toward quarantine happened: failures within
     # the pool's failure window after it are one incident and count once.
     (2, ["ALTER TABLE devices ADD COLUMN failure_counted_at {real}"]),
+    # Tags by source: ``tags`` stays what discovery reports; ``config_tags`` are the config's
+    # ([[devices]], rewritten by every sync that knows the config); ``admin_tags`` are set with
+    # ``farm pool tag`` and only changed by it. A device's tags are the union of the three.
+    (3, ["ALTER TABLE devices ADD COLUMN config_tags TEXT NOT NULL DEFAULT '[]'",
+         "ALTER TABLE devices ADD COLUMN admin_tags TEXT NOT NULL DEFAULT '[]'"]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
