@@ -1,4 +1,7 @@
-"""``farm virtual up|down|ls``: virtual Snapdragon devices behind the farm's own adb server."""
+"""``farm virtual up|down|ls``: virtual Snapdragon devices behind the farm's own adb server.
+
+``up`` and ``down`` sync the pool with that server afterwards: started devices are available at
+once, stopped ones offline (nobody is handed a dead device)."""
 
 from __future__ import annotations
 
@@ -9,9 +12,26 @@ from rich.console import Console
 from rich.table import Table
 
 from farm.cli.options import config_option, farm_config, json_option
+from farm.config import AdbServerAddress
 from farm.session import parse_soc_counts
 from farm.virtual import SOC_PROFILES, VirtualDeviceSpec, VirtualFarm
 from farm.virtual.identity import load_identity
+
+
+def _sync_pool(server: AdbServerAddress) -> None:
+    """Bring the pool in step with the farm's adb server after devices started or stopped: new
+    devices become available, stopped ones go offline (a stopped server lists none)."""
+    from farm.devices import scan_server
+    from farm.pool import Pool
+
+    config = farm_config()
+    scan = scan_server(server, workspace_root=config.run.workspace)
+    with Pool.from_config(config) as pool:
+        report = pool.sync(scan.devices, [server])
+    changes = [f"{label} {', '.join(serials)}" for label, serials in
+               (("added", report.added), ("back online", report.returned),
+                ("offline", report.vanished)) if serials]
+    click.echo(f"pool {pool.store.display_url}: " + ("; ".join(changes) or "in step"))
 
 
 def _farm() -> VirtualFarm:
@@ -59,6 +79,7 @@ def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool) -> N
                       props["ro.product.model"], str(r.pid), str(r.workspace))
     Console().print(table)
     click.echo(f"use: ANDROID_ADB_SERVER_PORT={vf.adb_server.port} adb devices")
+    _sync_pool(vf.adb_server)
 
 
 @virtual.command("down")
@@ -70,6 +91,7 @@ def down() -> None:
     n = len(vf.devices)
     vf.down()
     click.echo(f"stopped {n} virtual device(s)")
+    _sync_pool(vf.adb_server)
 
 
 @virtual.command("ls")
