@@ -96,17 +96,21 @@ def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retri
 
 
 def exit_code(pytest_code: int, results: Path) -> int:
-    """The farm's exit code from the written report; pytest's own where no report was written."""
+    """The farm's exit code (farm.exitcodes) from the written report; from pytest's own where no report
+    was written."""
     import pytest
 
+    from farm.exitcodes import ExitCode
+    from farm.results import Verdict
+
     if pytest_code == pytest.ExitCode.USAGE_ERROR:
-        return 2
+        return ExitCode.BAD_INPUT
     try:
         meta = json.loads(results.read_text())["meta"]
     except (OSError, ValueError, KeyError):
-        return 3 if pytest_code == 3 else (130 if pytest_code == pytest.ExitCode.INTERRUPTED else 2)
+        if pytest_code == ExitCode.INFRA:  # the plugin's pytest.exit before any test
+            return ExitCode.INFRA
+        return ExitCode.INTERRUPTED if pytest_code == pytest.ExitCode.INTERRUPTED else ExitCode.BAD_INPUT
     if meta.get("interrupted"):
-        return 130
-    from farm.results import Verdict
-
+        return ExitCode.INTERRUPTED
     return Verdict(meta["verdict"]).exit_code
