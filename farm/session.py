@@ -256,6 +256,42 @@ def watching(farm: Farm, interval_s: float | None = None) -> Iterator[threading.
         thread.join(timeout=60)
 
 
+def configured_address(config: FarmConfig) -> FarmAddress:
+    """The address of the farm a config describes (its adb servers and pool)."""
+    return FarmAddress(pool_url=config.pool.url, servers=tuple(str(s) for s in config.adb_servers),
+                       workspace=config.run.workspace,
+                       device_tags={k: list(v) for k, v in config.device_tags.items()},
+                       lease_ttl_s=config.pool.lease_ttl_s,
+                       acquire_timeout_s=config.pool.acquire_timeout_s,
+                       command_timeout_s=config.run.command_timeout_s,
+                       quarantine_after=config.pool.quarantine_after, liveness_s=config.pool.liveness_s)
+
+
+def refresh_configured(config: FarmConfig, pool: Pool) -> None:
+    """One cheap liveness pass over the configured adb servers that answer (their device lists; no
+    command runs on a device), so that a shell lease is not kept waiting for devices that are there but
+    were not seen lately. Never raises for adb or the pool: the lease that follows reports what is
+    wrong."""
+    from dataclasses import replace
+
+    from farm.devices import client_for, list_server
+
+    address = configured_address(config)
+    answering = []
+    for server in address.adb_servers:
+        try:
+            list_server(client_for(server), server)
+            answering.append(str(server))
+        except InfraError:
+            continue  # not this command's business to take its devices offline: `farm pool sync` is
+    if not answering:
+        return
+    try:
+        Farm(address=replace(address, servers=tuple(answering)), pool=pool).refresh()
+    except InfraError as e:
+        log.warning("refresh before leasing: %s", e)
+
+
 @contextlib.contextmanager
 def open_farm(config: FarmConfig, *, virtual: Sequence[tuple[str, int]] = (),
               workdir: Path | None = None, watch: bool = True) -> Iterator[Farm]:
@@ -285,11 +321,7 @@ def open_farm(config: FarmConfig, *, virtual: Sequence[tuple[str, int]] = (),
                                   servers=(str(vf.adb_server),), workspace=config.run.workspace,
                                   virtual=True, **timeouts)
         else:
-            address = FarmAddress(pool_url=config.pool.url,
-                                  servers=tuple(str(s) for s in config.adb_servers),
-                                  workspace=config.run.workspace,
-                                  device_tags={k: list(v) for k, v in config.device_tags.items()},
-                                  **timeouts)
+            address = configured_address(config)
         pool = stack.enter_context(address.open_pool())
         farm = Farm(address=address, pool=pool, virtual_farm=vf)
         farm.sync()

@@ -40,6 +40,7 @@ def _register() -> None:
     from farm.cli import devices as devices_cli
     from farm.cli import export as export_cli
     from farm.cli import pool as pool_cli
+    from farm.cli import pool_admin  # noqa: F401  (adds tag, prune, watch to `farm pool`)
     from farm.cli import qualify as qualify_cli
     from farm.cli import report as report_cli
     from farm.cli import virtual as virtual_cli

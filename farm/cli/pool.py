@@ -57,6 +57,14 @@ def _open() -> Pool:
     return Pool.from_config(farm_config())
 
 
+def _refreshed(pool: Pool) -> Pool:
+    """The pool after a cheap liveness pass over the configured adb servers (see farm.session)."""
+    from farm.session import refresh_configured
+
+    refresh_configured(farm_config(), pool)
+    return pool
+
+
 def _with_pool(call: Callable[[Pool], T]) -> T:
     """``call`` on the configured pool, closed afterwards."""
     with _open() as p:
@@ -199,8 +207,8 @@ def lease(socs: tuple[str, ...], min_htp: str | None, tags: tuple[str, ...],
     host and port. For a command or CI step, 'farm pool exec' also heartbeats and releases."""
     request = LeaseRequest(socs=socs, min_htp_arch=min_htp, tags=tags, serial=serial, virtual=virtual,
                            priority=priority)
-    got = _with_pool(lambda p: p.acquire(request, Holder.current(purpose=purpose), ttl_s=ttl,
-                                         timeout_s=timeout))
+    got = _with_pool(lambda p: _refreshed(p).acquire(request, Holder.current(purpose=purpose),
+                                                     ttl_s=ttl, timeout_s=timeout))
     env = lease_env(got.token, got.serial, got.server)
     if fmt == "token":
         click.echo(f"{_leased_line(got)}; give it back with: farm pool release {got.token}", err=True)
@@ -324,7 +332,7 @@ def exec_command(request: LeaseRequest, holder: Holder, ttl: float | None, timeo
 
     with _open() as pool, _signals(on_signal):
         try:
-            lease = pool.acquire(request, holder, ttl_s=ttl, timeout_s=timeout)
+            lease = _refreshed(pool).acquire(request, holder, ttl_s=ttl, timeout_s=timeout)
         except _Interrupted as e:
             click.echo(f"farm: interrupted ({e}) while waiting for a lease", err=True)
             return ExitCode.INTERRUPTED
