@@ -18,7 +18,7 @@ import json
 import logging
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -202,58 +202,52 @@ class Farm:
 
 
 @contextlib.contextmanager
-def healing(vf, interval_s: float = 1.0) -> Iterator[threading.Thread]:
-    """While the block runs, the owner of virtual devices keeps their adb server up: a server that
-    died (killed, crashed) is restarted and the live devices reconnected (``VirtualFarm.heal``,
-    bounded). Tests see an ``AdbServerDown`` for the commands cut off, then a working farm again."""
+def _every(interval_s: float, beat: Callable[[], bool | None], name: str) -> Iterator[threading.Thread]:
+    """Call ``beat`` every ``interval_s`` seconds from a daemon thread while the block runs; a beat that
+    returns False ends the loop. Errors are logged, never raised: a watcher never takes a run down."""
     stop = threading.Event()
 
-    def watch() -> None:
+    def loop() -> None:
         while not stop.wait(interval_s):
             try:
-                report = vf.heal()
-                if report.changed:
-                    log.warning("healed %s: restarted=%s, reconnected %s", report.server,
-                                report.server_restarted, report.reconnected)
-            except InfraError as e:
-                log.warning("cannot heal the virtual devices' adb server: %s", e)
-                return
-            except Exception as e:  # never let the watcher take the run down
-                log.warning("adb server watcher: %s: %s", type(e).__name__, e)
+                if beat() is False:
+                    return
+            except Exception as e:
+                log.warning("%s: %s: %s", name, type(e).__name__, e)
 
-    thread = threading.Thread(target=watch, name="ptefarm-adb-healer", daemon=True)
-    thread.start()
-    try:
-        yield thread
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-
-
-@contextlib.contextmanager
-def watching(farm: Farm, interval_s: float | None = None) -> Iterator[threading.Thread]:
-    """While the block runs, keep the farm's devices fresh in the pool (``Farm.refresh`` every
-    ``interval_s``, by default well within the pool's liveness bound): a run's devices stay
-    leasable however long it lasts, and one that dies goes offline within the interval."""
-    stop = threading.Event()
-    interval = farm.address.refresh_interval_s if interval_s is None else interval_s
-
-    def watch() -> None:
-        while not stop.wait(interval):
-            try:
-                farm.refresh()
-            except InfraError as e:  # the pool is down: try again at the next beat
-                log.warning("device liveness refresh failed: %s", e)
-            except Exception as e:  # never let the watcher take the run down
-                log.warning("device liveness watcher: %s: %s", type(e).__name__, e)
-
-    thread = threading.Thread(target=watch, name="ptefarm-liveness", daemon=True)
+    thread = threading.Thread(target=loop, name=name, daemon=True)
     thread.start()
     try:
         yield thread
     finally:
         stop.set()
         thread.join(timeout=60)
+
+
+def healing(vf, interval_s: float = 1.0):
+    """While the block runs, the owner of virtual devices keeps their adb server up: a server that
+    died (killed, crashed) is restarted and the live devices reconnected (``VirtualFarm.heal``,
+    bounded). Tests see an ``AdbServerDown`` for the commands cut off, then a working farm again."""
+    def beat() -> bool:
+        try:
+            report = vf.heal()
+        except InfraError as e:  # past its restart budget: stop trying, the errors name the server
+            log.warning("cannot heal the virtual devices' adb server: %s", e)
+            return False
+        if report.changed:
+            log.warning("healed %s: restarted=%s, reconnected %s", report.server,
+                        report.server_restarted, report.reconnected)
+        return True
+
+    return _every(interval_s, beat, "ptefarm-adb-healer")
+
+
+def watching(farm: Farm, interval_s: float | None = None):
+    """While the block runs, keep the farm's devices fresh in the pool (``Farm.refresh`` every
+    ``interval_s``, by default well within the pool's liveness bound): a run's devices stay
+    leasable however long it lasts, and one that dies goes offline within the interval."""
+    return _every(farm.address.refresh_interval_s if interval_s is None else interval_s,
+                  farm.refresh, "ptefarm-liveness")
 
 
 def configured_address(config: FarmConfig) -> FarmAddress:
