@@ -39,6 +39,13 @@ def test_file_from_the_environment(tmp_path, monkeypatch):
     ('[run]\nworkspace = "relative/dir"\n', "run.workspace"),
     ('[farms]\nhome = "/x"\n', "farms"),
     ('[pool\nurl = 1', "invalid TOML"),
+    ('[[devices]]\ntags = ["a"]\n', "farm.toml:1: key 'devices[0].serial' is missing"),
+    ('[[devices]]\nserial = "x"\ntags = ["bad tag"]\n', "farm.toml:3: key 'devices[0].tags'"),
+    ('[[devices]]\nserial = "x"\ntags = "flagship"\n', "farm.toml:3: key 'devices[0].tags' must be list"),
+    ('[[devices]]\nserial = "x"\n[[devices]]\nserial = "x"\n', "farm.toml:4: key 'devices[1].serial'"),
+    ('[[devices]]\nserial = "x"\nsoc = "SM8650"\n', "farm.toml:3: unknown key 'devices[0].soc'"),
+    ('[pool]\nliveness_s = 0\n', "farm.toml:2: key 'pool.liveness_s'"),
+    ('[pool]\nretention_days = "30"\n', "farm.toml:2: key 'pool.retention_days'"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, needle):
     path = tmp_path / "farm.toml"

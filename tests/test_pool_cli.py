@@ -15,21 +15,8 @@ from tests.support.pool import fake_device
 
 
 @pytest.fixture
-def cli(pool_url, tmp_path, monkeypatch):
-    """Run ``farm pool --url POOL ...`` in a clean environment; returns (exit code, stdout, stderr)."""
-    from farm.cli.main import main
-
-    monkeypatch.delenv("PTEFARM_CONFIG", raising=False)
-    monkeypatch.setenv("PTEFARM_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        result = CliRunner().invoke(main, ["pool", "--url", pool_url, *args])
-        if result.exception and not isinstance(result.exception, SystemExit):
-            raise result.exception
-        return result.exit_code, result.stdout, result.stderr
-
-    return run
+def cli(pool_cli):
+    return pool_cli
 
 
 def _seed(pool_url: str, *serials: str) -> None:

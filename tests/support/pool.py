@@ -90,6 +90,26 @@ def pool_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def pool_cli(pool_url, tmp_path, monkeypatch):
+    """Run ``farm pool ... --url POOL`` in a clean environment; returns (exit code, stdout, stderr)."""
+    from click.testing import CliRunner
+
+    from farm.cli.main import main
+
+    monkeypatch.delenv("PTEFARM_CONFIG", raising=False)
+    monkeypatch.setenv("PTEFARM_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        result = CliRunner().invoke(main, ["pool", "--url", pool_url, *args])
+        if result.exception and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        return result.exit_code, result.stdout, result.stderr
+
+    return run
+
+
+@pytest.fixture
 def pool(pool_url: str) -> Iterator[Any]:
     from farm.pool import Pool
 
