@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from farm.pool import Pool
-from tests.support.pool import REPO, fake_device
+from tests.support.pool import REPO, fake_device, reaped
 
 FARM = [sys.executable, "-m", "farm.cli.main"]
 SHOW_ENV = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in ('ANDROID_SERIAL', "
@@ -121,17 +121,13 @@ def test_a_signal_while_waiting_leaves_the_queue(seeded, env):
         proc = subprocess.Popen([*FARM, "pool", "exec", "--url", seeded, "--timeout", "60", "--",
                                  "true"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
-        try:
+        with reaped({"exec": proc}):
             deadline = time.monotonic() + 30
             while not p.status().queue:
                 assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.05)
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         assert proc.returncode == 130 and "interrupted (SIGTERM) while waiting" in err
         assert p.status().queue == []  # left at once, not dropped as stale later
         p.release(held.token)

@@ -20,7 +20,7 @@ from farm.procs import wait_until
 from farm.session import Farm, FarmAddress, watching
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
 from farm.virtual.manager import free_port
-from tests.support.pool import REPO, fake_device
+from tests.support.pool import REPO, fake_device, reaped
 
 DAY = 86400.0
 
@@ -144,7 +144,7 @@ def test_farm_pool_watch_until_sigterm(farm_config_file, pool_url, tmp_path):
     watcher = subprocess.Popen(_farm_cli("pool", "watch", "--interval", "0.3", "--config",
                                          str(farm_config_file)),
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with reaped({"watch": watcher}):
         vf.kill(dead)
         with Pool.open(pool_url) as pool:
             assert wait_until(lambda: _device(pool, dead).state == OFFLINE, timeout=5.0), \
@@ -155,10 +155,6 @@ def test_farm_pool_watch_until_sigterm(farm_config_file, pool_url, tmp_path):
             pool.release(lease.token)
         watcher.send_signal(signal.SIGTERM)
         out, err = watcher.communicate(timeout=10)
-    finally:
-        if watcher.poll() is None:
-            watcher.kill()
-            watcher.wait()
     assert watcher.returncode == 0, err
     assert "watching" in err and "stopped" in err
 
