@@ -42,6 +42,7 @@ from farm.vocab import EVAL_MODE_NUMBERS, Dialect
 
 FORMAT = "ptefarm-bundle/1"
 DIALECTS: tuple[Dialect, ...] = tuple(Dialect)
+CONTEXT_KEYS = ("max_seq_len", "max_context_len", "context_len")  # model fields naming the context
 ROLES = ("pte", "tokenizer", "runner", "backend_lib", "qnn_lib", "other")
 
 
@@ -85,6 +86,15 @@ class Bundle:
 
     def htp_archs(self) -> set[str]:
         return {f.htp_arch for f in self.files if f.htp_arch}
+
+    def context(self) -> tuple[int, str] | None:
+        """The model's context length and the manifest field that gives it (``model.max_seq_len``
+        in the farm's exports), or None when the manifest does not say."""
+        for key in CONTEXT_KEYS:
+            value = self.model.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+                return value, f"model.{key}"
+        return None
 
     def to_json(self, base: Path) -> dict[str, Any]:
         return {

@@ -191,11 +191,9 @@ def load_cases(path: Path) -> list[Case]:
 
 
 def context_len(bundle: Bundle) -> int:
-    for key in ("max_seq_len", "max_context_len", "context_len"):
-        value = bundle.model.get(key)
-        if isinstance(value, int) and value > 1:
-            return value
-    return DEFAULT_SEQ_LEN
+    """The model's context, or the default seq_len when the manifest does not say."""
+    known = bundle.context()
+    return known[0] if known is not None else DEFAULT_SEQ_LEN
 
 
 def case_points(cases: list[Case], bundle: Bundle) -> list[CasePoint]:

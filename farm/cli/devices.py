@@ -37,8 +37,6 @@ from farm.vocab import Dialect, Updater
 
 LEASE_ENV = "PTEFARM_LEASE"  # the token `farm pool exec` gives its command
 # The manifest's model fields that give the context length (as farm.cases.context_len reads them).
-CONTEXT_KEYS = ("max_seq_len", "max_context_len", "context_len")
-
 def _check_timeout(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     return finite_seconds(value, "--timeout")
 
@@ -270,13 +268,10 @@ def deploy_cmd(manifest: str, serial: str, verify: str, lease_token: str | None,
 
 def _check_context(bundle: bundle_mod.Bundle, seq_len: int) -> None:
     """A --seq-len past the context the manifest gives is bad input, refused before any device."""
-    for key in CONTEXT_KEYS:
-        context = bundle.model.get(key)
-        if isinstance(context, int) and not isinstance(context, bool) and context > 1:
-            if seq_len > context:
-                raise UsageError(f"--seq-len: {seq_len} exceeds the context of bundle {bundle.name!r} "
-                                 f"({context} tokens, manifest field model.{key})")
-            return
+    known = bundle.context()
+    if known is not None and seq_len > known[0]:
+        raise UsageError(f"--seq-len: {seq_len} exceeds the context of bundle {bundle.name!r} "
+                         f"({known[0]} tokens, manifest field {known[1]})")
 
 
 def _runner_error(stderr: str) -> str:
