@@ -120,11 +120,14 @@ def _age(seconds: float) -> str:
 
 def _status_tables(status: PoolStatus) -> list[Table]:
     devices = Table(title="devices")
-    for col in ("serial", "server", "soc", "htp", "state", "holder", "expires in", "fails", "reason"):
+    for col in ("serial", "server", "soc", "htp", "tags", "state", "seen", "holder", "expires in",
+                "fails", "reason"):
         devices.add_column(col)
     for d in status.devices:
         dev, lease = d.device, d.lease
-        devices.add_row(dev.serial, dev.server, dev.soc or "?", dev.htp_arch or "?", dev.state,
+        seen = f"{_age(status.now - dev.last_seen)} ago" if dev.last_seen is not None else "never"
+        devices.add_row(dev.serial, dev.server, dev.soc or "?", dev.htp_arch or "?",
+                        ",".join(dev.tags), dev.state, seen,
                         lease.holder.describe() if lease else "",
                         _age(lease.expires - status.now) if lease else "",
                         str(dev.infra_failures) if dev.infra_failures else "", dev.reason)
