@@ -32,7 +32,7 @@ def _device_count(virtual: tuple[str, ...], socs: tuple[str, ...], config_path: 
         pairs = parse_soc_counts(virtual)
         wanted = {s.upper() for s in socs}
         return sum(n for soc, n in pairs if not wanted or soc in wanted)
-    with open_farm(load_config(config_path)) as farm:
+    with open_farm(load_config(config_path), watch=False) as farm:  # the plugin keeps it fresh
         picked = farm.pick_socs(socs)
         return sum(n for soc, n in farm.inventory().items() if soc in picked)
 
