@@ -143,12 +143,13 @@ class Farm:
                 self.pool.sync([], [server])
         return found
 
-    def refresh(self) -> list[str]:
+    def refresh(self, *, take_offline: bool = True) -> list[str]:
         """One cheap liveness pass: ask each adb server for its device list (no command runs on any
         device) and mark the usable devices seen. A server whose list differs from the pool (a device
         new, back, gone or no longer usable) gets a full sync of its devices; one that does not
-        answer has its devices go offline, as in ``sync``. Returns the servers that were fully
-        synced; ``unreachable`` names those that did not answer. Never raises for adb."""
+        answer has its devices go offline, as in ``sync`` (unless ``take_offline`` is False). Returns
+        the servers that were fully synced; ``unreachable`` names those that did not answer. Never
+        raises for adb."""
         self.unreachable = []
         synced: list[str] = []
         online = {}
@@ -162,7 +163,8 @@ class Farm:
             except AdbError as e:
                 log.warning("adb server %s: %s", server, e)
                 self.unreachable.append(str(e))
-                self.pool.sync([], [server])
+                if take_offline:
+                    self.pool.sync([], [server])
                 continue
             usable = [serial for serial, state in entries if state == "device"]
             changed = self.pool.touch(usable)
@@ -264,24 +266,11 @@ def configured_address(config: FarmConfig) -> FarmAddress:
 def refresh_configured(config: FarmConfig, pool: Pool) -> None:
     """One cheap liveness pass over the configured adb servers that answer (their device lists; no
     command runs on a device), so that a shell lease is not kept waiting for devices that are there but
-    were not seen lately. Never raises for adb or the pool: the lease that follows reports what is
-    wrong."""
-    from dataclasses import replace
-
-    from farm.devices import client_for, list_server
-
-    address = configured_address(config)
-    answering = []
-    for server in address.adb_servers:
-        try:
-            list_server(client_for(server), server)
-            answering.append(str(server))
-        except InfraError:
-            continue  # not this command's business to take its devices offline: `farm pool sync` is
-    if not answering:
-        return
+    were not seen lately. A server that does not answer is left alone (taking its devices offline is
+    `farm pool sync`'s business). Never raises for adb or the pool: the lease that follows reports what
+    is wrong."""
     try:
-        Farm(address=replace(address, servers=tuple(answering)), pool=pool).refresh()
+        Farm(address=configured_address(config), pool=pool).refresh(take_offline=False)
     except InfraError as e:
         log.warning("refresh before leasing: %s", e)
 
