@@ -46,12 +46,12 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from farm.bundle import Bundle
+from farm.config import read_toml
 from farm.errors import UsageError
 from farm.runprofile import UPDATERS
 
@@ -59,21 +59,6 @@ DEFAULT_SEQ_LEN = 128
 _TOKENS_RE = re.compile(r"^(chunk|max)\s*([+-]\s*\d+)?$")
 FILLER = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the "
           "sunshine with her friend Tom, and every day they walked along the river to the old park. ")
-
-
-def read_toml(path: Path) -> dict[str, Any]:
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{path}: file not found") from None
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{path}: not UTF-8 (byte {e.start})") from None
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read: {e.strerror}") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"{path}: invalid TOML: {e}") from None
 
 
 def _field(entry: dict, key: str, types: type | tuple[type, ...], where: str, default: Any = ...) -> Any:
@@ -148,7 +133,7 @@ def check_prompt_fits(bundle: Bundle, prompt: str, mode: str, seq_len: int, *, w
 
 
 def load_cases(path: Path) -> list[Case]:
-    raw = read_toml(path)
+    raw, _ = read_toml(path)
     _check_keys(raw, {"case"}, str(path))
     entries = raw.get("case", [])
     if not isinstance(entries, list) or not entries:
@@ -237,18 +222,24 @@ def resolve_tokens(spec: str, bundle: Bundle, mode: str, seq_len: int) -> int:
     return n
 
 
-_fitted: dict[tuple[str, str, int], str] = {}
+_fitted: dict[tuple[str, str, int], str] = {}  # (tokenizer file, version, n) -> prompt
 _templates: dict[tuple[str, str], Any] = {}
+
+
+def _tokenizer_key(bundle: Bundle) -> tuple[str, str]:
+    """The tokenizer's file on the host and the template version: what token counts depend on."""
+    return str(next(f for f in bundle.files if f.name == bundle.tokenizer).path), \
+        bundle.decoder_model_version
 
 
 def _template(bundle: Bundle):
     from farm.model.tokenizer import load_tokenizer
     from farm.runner.template import PromptTemplate
 
-    tok_file = next(f for f in bundle.files if f.name == bundle.tokenizer).path
-    key = (str(tok_file), bundle.decoder_model_version)
+    key = _tokenizer_key(bundle)
     if key not in _templates:
-        _templates[key] = PromptTemplate(load_tokenizer(tok_file), bundle.decoder_model_version)
+        tok_file, version = key
+        _templates[key] = PromptTemplate(load_tokenizer(tok_file), version)
     return _templates[key]
 
 
@@ -264,7 +255,7 @@ def template_tokens(bundle: Bundle) -> int:
 def fit_prompt(bundle: Bundle, n_tokens: int) -> str:
     """A prompt that the runner turns into exactly ``n_tokens`` tokens (chat template included), made
     from filler text with the bundle's own tokenizer."""
-    key = (bundle.tokenizer, bundle.decoder_model_version, n_tokens)
+    key = (*_tokenizer_key(bundle), n_tokens)
     if key in _fitted:
         return _fitted[key]
 
@@ -303,7 +294,7 @@ class Golden:
 
 
 def load_goldens(path: Path) -> list[Golden]:
-    raw = read_toml(path)
+    raw, _ = read_toml(path)
     _check_keys(raw, {"golden"}, str(path))
     goldens = []
     for i, entry in enumerate(raw.get("golden", [])):
@@ -389,7 +380,7 @@ def _updater(entry: dict, key: str, where: str) -> str:
 
 
 def load_thresholds(path: Path, bundle: Bundle | None = None) -> Thresholds:
-    raw = read_toml(path)
+    raw, _ = read_toml(path)
     where = str(path)
     _check_keys(raw, {"warmup", "runs", "prompt", "min", "relative", "bundle"}, where)
     warmup = _field(raw, "warmup", int, where, 1)

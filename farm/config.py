@@ -322,6 +322,29 @@ def _devices(raw: Any, loc: _Where) -> tuple[DeviceConfig, ...]:
     return tuple(devices)
 
 
+def read_toml(path: Path, what: str = "file") -> tuple[dict[str, Any], str]:
+    """A TOML file and its text; every problem is one UsageError naming the file (and the line of a
+    byte that is not UTF-8). ``what`` says what the file is, in the messages."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"{path}: {what} not found") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read {what}: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise UsageError(f"{path}:{line}: {what} is not valid UTF-8 (byte 0x{data[e.start]:02x})") \
+            from None
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{path}: invalid TOML: {e}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: invalid TOML: nested too deeply") from None
+
+
 def load_config(path: str | os.PathLike | None = None) -> FarmConfig:
     """Load and validate the farm config; with no file anywhere, the single-host defaults."""
     candidates = [path] if path else [os.environ.get("PTEFARM_CONFIG"), "farm.toml"]
@@ -333,21 +356,6 @@ def load_config(path: str | os.PathLike | None = None) -> FarmConfig:
             if path or c == os.environ.get("PTEFARM_CONFIG"):
                 raise UsageError(f"{p}: config file not found")
             continue
-        try:
-            data = p.read_bytes()
-        except OSError as e:
-            raise UsageError(f"{p}: cannot read config: {e.strerror or e}") from None
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = data[:e.start].count(b"\n") + 1
-            raise UsageError(f"{p}:{line}: config is not valid UTF-8 (byte 0x{data[e.start]:02x})") \
-                from None
-        try:
-            raw = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise UsageError(f"{p}: invalid TOML: {e}") from None
-        except RecursionError:
-            raise UsageError(f"{p}: invalid TOML: nested too deeply") from None
+        raw, text = read_toml(p, "config")
         return from_dict(raw, where=str(p), source=p, text=text)
     return from_dict({})
