@@ -160,7 +160,6 @@ def test_farm_pool_watch_until_sigterm(farm_config_file, pool_url, tmp_path):
 
 
 def test_watch_refuses_an_interval_past_the_bound(farm_config_file):
-    import farm.cli.pool_admin  # noqa: F401
     from farm.cli.main import main
 
     result = CliRunner().invoke(main, ["pool", "watch", "--interval", "5", "--config",
@@ -201,7 +200,6 @@ def test_prune_drops_long_gone_devices_and_keeps_leased_ones(pool):
 
 
 def test_farm_pool_prune(pool_url, tmp_path, monkeypatch):
-    import farm.cli.pool_admin  # noqa: F401
     from farm.cli.main import main
 
     monkeypatch.delenv("PTEFARM_CONFIG", raising=False)
