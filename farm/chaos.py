@@ -449,8 +449,7 @@ def corrupted_pte(lab: Lab) -> Observation:
         data[len(data) // 2] ^= 0xFF
         pte.write_bytes(bytes(data))
         return "one byte of kv_llama_xnnpack.pte flipped (same size)"
-    obs = _refused_before_lease(lab, damage)
-    return obs
+    return _refused_before_lease(lab, damage)
 
 
 def truncated_pte(lab: Lab) -> Observation:
@@ -530,13 +529,20 @@ while True:
 """
 
 
+def _start_holder(lab: Lab, ttl_s: float) -> tuple[subprocess.Popen, str]:
+    """A process that leases the lab's device and keeps acting on it; returns it with the serial it
+    holds (once it holds it)."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_TOUCH, lab.pool_url,
+                               str(lab.vf.adb_server), str(ttl_s)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    return holder, holder.stdout.readline().strip()
+
+
 def holder_killed(lab: Lab) -> Observation:
     obs = Observation()
     lab.devices("SM8650", lease_ttl_s=3)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_TOUCH, lab.pool_url,
-                               str(lab.vf.adb_server), "3"], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    serial = holder.stdout.readline().strip()
+    holder, serial = _start_holder(lab, ttl_s=3)
     holder.kill()
     holder.wait()
     lab.test_file(["Once upon a time"])
@@ -556,11 +562,7 @@ def holder_stopped(lab: Lab) -> Observation:
     obs = Observation()
     devices = lab.devices("SM8650", lease_ttl_s=2)
     log = devices[0].root / "data/local/tmp/ptefarm/holder.log"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_TOUCH, lab.pool_url,
-                               str(lab.vf.adb_server), "2"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    holder.stdout.readline()
+    holder, _ = _start_holder(lab, ttl_s=2)
     time.sleep(0.5)
     holder.send_signal(signal.SIGSTOP)
     lines_at_stop = len(log.read_text().splitlines()) if log.exists() else 0
