@@ -23,7 +23,8 @@ from typing import Any
 
 from farm.vocab import Outcome
 
-__all__ = ["Attempt", "ErrorKind", "Outcome", "ResultLog", "TestRecord", "Verdict", "verdict"]
+__all__ = ["Attempt", "ErrorKind", "Measurement", "Outcome", "ResultLog", "RunResults", "TestRecord",
+           "Verdict", "verdict"]
 
 
 class ErrorKind(StrEnum):
@@ -59,6 +60,35 @@ class Attempt:
 
 
 @dataclass
+class Measurement:
+    """Every measured run of one metric at one point (warm-ups dropped), raw: the regression gate and
+    the report need the samples, not only their median."""
+
+    metric: str                 # "tok_s"
+    unit: str                   # "tok/s"
+    values: list[float]
+    updater: str = ""
+    mode: str = ""
+    seq_len: int = 0
+    threshold: float | None = None  # the minimum the median must reach, when a rule gives one
+
+    @property
+    def key(self) -> tuple[str, str, int, str]:
+        """What a baseline's measurement is matched on (with the SoC of its record)."""
+        return (self.metric, self.mode, self.seq_len, self.updater)
+
+
+@dataclass
+class RunResults:
+    """One run as the report writers and the results store exchange it: ``meta`` is the run
+    (run_id, purpose, git_revision, bundle_name, bundle_digest, runner_dialect, started_at, ended_at,
+    wall_s, verdict, virtual, tool_version, devices, manifest, infra_events, ...), ``records`` its tests."""
+
+    meta: dict[str, Any]
+    records: list[TestRecord]
+
+
+@dataclass
 class TestRecord:
     __test__ = False  # not a pytest test class, despite its name
     nodeid: str
@@ -73,6 +103,7 @@ class TestRecord:
     attempts: list[Attempt] = field(default_factory=list)  # spoiled tries before this result
     properties: dict[str, str] = field(default_factory=dict)  # htp_arch, bundle, tok/s, ...
     finished_at: float = 0.0
+    measurements: list[Measurement] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -93,6 +124,7 @@ class TestRecord:
         raw["outcome"] = Outcome(raw["outcome"])
         raw["error_kind"] = ErrorKind(raw["error_kind"]) if raw.get("error_kind") else None
         raw["attempts"] = [Attempt(**a) for a in raw.get("attempts", [])]
+        raw["measurements"] = [Measurement(**m) for m in raw.get("measurements", [])]
         return cls(**raw)
 
 

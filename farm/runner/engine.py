@@ -7,6 +7,7 @@ prefills in chunks of ar_len P with `prefill_forward` (the last chunk shorter) a
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,7 @@ class LlamaRunner:
                              "expected 1")
         self.eval_mode = eval_mode
         self.io = io_mgr_cls(self.shape, [self.prefill_ar, self.decode_ar])
+        self.delay_s = _runner_delay_s()
         self.stats.model_load_end_ms = now_ms()
 
     def _read_shape(self, model_path: str) -> tuple[KVShape, int]:
@@ -167,6 +169,8 @@ class LlamaRunner:
                     break
                 logits = self._step(self.decode, [token])
                 token = self._sample(logits, temperature, gen, stats)
+                if self.delay_s:
+                    time.sleep(self.delay_s)
             if turn + 1 < len(prompts):
                 # The last token of a turn is not in the cache yet: the next turn starts with it.
                 self._step(self.decode, [token])
@@ -201,6 +205,16 @@ class LlamaRunner:
             token = int(torch.multinomial(probs, 1, generator=gen))
         stats.aggregate_sampling_time_ms += now_ms() - start
         return token
+
+
+def _runner_delay_s() -> float:
+    """A virtual device's throttle (fault ``runner_delay_ms``): seconds to sleep per decoded token, so
+    that a slowed phone can be imitated. Never set outside virtual devices."""
+    raw = os.environ.get("PTEFARM_RUNNER_DELAY_MS", "")
+    try:
+        return max(0.0, float(raw) / 1000.0) if raw else 0.0
+    except ValueError:
+        raise UsageError(f"PTEFARM_RUNNER_DELAY_MS: not a number: {raw!r}") from None
 
 
 def import_runtime():

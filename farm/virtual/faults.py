@@ -15,6 +15,7 @@ from farm.errors import UsageError
 from farm.fileio import write_atomic
 
 FAULTS_FILE = "faults.json"
+RUNNER_DELAY_ENV = "PTEFARM_RUNNER_DELAY_MS"
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,10 @@ class Faults:
     slow_bytes_per_s: int | None = None       # throttle every stream to this rate, both directions
     disk_full_after_bytes: int | None = None  # SEND fails "No space left on device" past N bytes
     hang_commands: str | None = None          # regex: a matching shell command never finishes
+    runner_delay_ms: int | None = None        # the host runner sleeps this long per decoded token
 
     def __post_init__(self) -> None:
-        for name in ("drop_after_bytes", "slow_bytes_per_s", "disk_full_after_bytes"):
+        for name in ("drop_after_bytes", "slow_bytes_per_s", "disk_full_after_bytes", "runner_delay_ms"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value < 0):
@@ -40,6 +42,11 @@ class Faults:
 
     def hangs(self, command: str) -> bool:
         return self.hang_commands is not None and re.search(self.hang_commands, command) is not None
+
+    def command_env(self) -> dict[str, str]:
+        """What the device adds to its commands' environment: the host runner reads its throttle here
+        (a slowed phone, for the regression gate's tests)."""
+        return {} if self.runner_delay_ms is None else {RUNNER_DELAY_ENV: str(self.runner_delay_ms)}
 
     @property
     def any(self) -> bool:

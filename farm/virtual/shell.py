@@ -84,7 +84,8 @@ def run_shell(stream: Stream, request: ShellRequest, ctx: CommandContext) -> Non
         proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE if v2 else subprocess.STDOUT,
-            cwd=ctx.root, env=ctx.env, start_new_session=True, bufsize=0)
+            cwd=ctx.root, env=ctx.env | stream.faults.command_env(), start_new_session=True,
+            bufsize=0)
     except OSError as e:
         _report_spawn_error(stream, v2, str(e))
         return
