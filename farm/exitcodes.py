@@ -6,6 +6,7 @@
 | 1    | TEST_FAILURE | the code under test failed: a test failed, a runner exited non-zero           |
 | 2    | BAD_INPUT    | bad input: a file, flag, config key, lease token, a request past the context  |
 | 3    | INFRA        | infrastructure: device gone or quarantined, adb, timeout, pool down, no lease |
+| 4    | REGRESSION   | every test passed, but throughput regressed against the baseline (the gate)   |
 | 130  | INTERRUPTED  | interrupted (SIGINT/SIGTERM) before a verdict                                 |
 
 ``farm pool exec`` is the one exception by design: it returns its command's own exit code (128+N for
@@ -26,6 +27,7 @@ class ExitCode(IntEnum):
     TEST_FAILURE = 1
     BAD_INPUT = 2
     INFRA = 3
+    REGRESSION = 4
     INTERRUPTED = 130
 
 
