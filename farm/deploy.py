@@ -18,18 +18,32 @@ because the record is only ever wrong through deliberate tampering or a broken c
 Each push goes to ``NAME.ptefarm-partial`` and is renamed by one ``mv`` after all pushes, so an
 interrupted deploy never leaves a half file under a real name; the next deploy deletes the leftovers
 (also an adbd's own temp files such as ``.NAME.ptefarm-partial.ptefarm-partial-PID``, left by a killed
-device). The record is removed before the renames, so a deploy stopped half-way leaves no record that
-vouches for a file it replaced.
+device). Up to ``IN_FLIGHT`` files are pushed at once, biggest first, one sync connection each; a
+failure (or Ctrl-C) stops the others at their next block, so their partial files are dropped too.
 
-The record holds only digests the deploy knows for the bytes on the device: for a pushed file the
-sha256 of the bytes actually streamed (hashed while pushing; a host file whose bytes differ from the
-manifest's digest is refused, ``UsageError`` naming it and both digests, and is not recorded), for a
-kept file the digest the device's ``sha256sum`` reported or the previous record's.
-The record is written the same way (push to a temp name, ``mv``). Pushed files get an mtime two seconds
-in the past (the sync protocol lets the pusher choose it), the record the present: the record is then
-strictly newer than every file, and any later edit on the device moves a file's mtime away from the
-recorded one. Should a device ignore the pushed mtime, its files look "racily clean" to the next
-deploy, which hashes them once and rewrites the record: slower, never wrong.
+The record holds only digests the deploy knows for the bytes on the device: for a kept file the digest
+the device's ``sha256sum`` reported or the previous record's; for a pushed file the sha256 of the host
+file it streamed, from one of two places:
+
+- a file last changed over ``RACY_NS`` (a second) before the deploy is hashed on a worker thread while
+  it is pushed (``farm.bundle.file_digest``: free when the bundle was verified in this process, as
+  ``farm deploy`` and the plugin do), and the digest counts only if the file's identity (size, mtime,
+  ctime, inode) is the same before and after both the hash and the push: the bytes hashed are then the
+  bytes sent (the assumption the host digest cache already makes, as git's index does);
+- a file changed more recently ("racily clean": a write in the same clock tick would not move its
+  times) is hashed as it is streamed, in the push's own thread.
+
+A host file whose bytes differ from the manifest's digest, or that changed during its push, is refused
+(``UsageError`` naming it and both digests), its partial file removed, and it is not recorded.
+
+The record is pushed to a temp name before the renames, and one shell command then removes the old
+record, renames every pushed file into place, makes the runner executable and renames the new record:
+its ``&&`` chain stops at the first failure, and the old record goes first, so a deploy stopped half-way
+leaves no record that vouches for a file it replaced. Pushed files get an mtime two seconds in the past
+(the sync protocol lets the pusher choose it), which the record holds; the record itself is dated the
+present: it is then strictly newer than every file, and any later edit on the device moves a file's
+mtime away from the recorded one. Should a device ignore the pushed mtime, its files' mtimes differ
+from the record's and the next deploy hashes them once and rewrites the record: slower, never wrong.
 """
 
 from __future__ import annotations
@@ -38,14 +52,17 @@ import hashlib
 import io
 import json
 import logging
+import os
 import posixpath
 import shlex
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from farm.bundle import Bundle, BundleFile, check_workspace_name
+from farm.bundle import RACY_NS, Bundle, BundleFile, check_workspace_name, file_digest
 from farm.device_probe import parse_df, split_sections
 from farm.device_protocol import DeviceLike
 from farm.errors import AdbError, InfraError, UsageError
@@ -57,7 +74,10 @@ PARTIAL_SUFFIX = ".ptefarm-partial"
 Verify = Literal["fast", "full"]
 VERIFY_LEVELS = ("fast", "full")
 
-ProgressCallback = Callable[[str, int], None]  # (file name, bytes just sent)
+IN_FLIGHT = 3  # files pushed at once: the small libraries go alongside the big .pte
+PUSH_MTIME_AGE_S = 2  # pushed files are dated this far in the past (see the module docstring)
+
+ProgressCallback = Callable[[str, int], None]  # (file name, bytes just sent); called one at a time
 
 
 @dataclass
@@ -80,23 +100,64 @@ class DeployReport:
                 f"{self.seconds:.2f} s -> {self.workspace}")
 
 
-class _HashingReader:
-    """A binary file whose bytes are hashed as ``device.push`` reads them."""
+class _Cancelled(Exception):
+    """Another push of the same deploy failed (or the deploy was interrupted): stop this one."""
 
-    def __init__(self, raw):
+
+class _Source:
+    """A host file as ``device.push`` reads it: hashed as read when ``hashing``; a read after
+    ``cancel`` is set raises ``_Cancelled``, which ends the push (its stream closes, the device drops
+    the partial file)."""
+
+    def __init__(self, raw, cancel: threading.Event, *, hashing: bool):
         self.raw = raw
-        self.hash = hashlib.sha256()
+        self.cancel = cancel
+        self.hash = hashlib.sha256() if hashing else None
 
     def readinto(self, buf) -> int:
+        if self.cancel.is_set():
+            raise _Cancelled
         n = self.raw.readinto(buf)
-        if n:
+        if n and self.hash is not None:
             self.hash.update(memoryview(buf)[:n])
         return n or 0
 
     def read(self, size: int = -1) -> bytes:
+        if self.cancel.is_set():
+            raise _Cancelled
         data = self.raw.read(size)
-        self.hash.update(data)
+        if self.hash is not None:
+            self.hash.update(data)
         return data
+
+
+class _Progress:
+    """Bytes sent so far by all pushes, and the caller's ``on_progress``, called one at a time
+    although the pushes run on several threads (a progress bar need not be thread-safe)."""
+
+    def __init__(self, callback: ProgressCallback | None):
+        self.callback = callback
+        self.sent = 0
+        self._lock = threading.Lock()
+
+    def for_file(self, name: str) -> Callable[[int], None]:
+        def on_bytes(n: int) -> None:
+            with self._lock:
+                self.sent += n
+                if self.callback:
+                    self.callback(name, n)
+        return on_bytes
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+def _hash_settled(path) -> tuple[tuple, str, tuple]:
+    """(identity before, sha256, identity after) of a host file, on the hasher thread."""
+    before = _identity(os.stat(path))
+    digest = file_digest(path)
+    return before, digest, _identity(os.stat(path))
 
 
 @dataclass(frozen=True)
@@ -144,12 +205,13 @@ def _where(bundle: Bundle) -> str:
     return str(bundle.manifest_path or bundle.name)
 
 
-def _discard(device: DeviceLike, remote: str, timeout: float) -> None:
-    """Remove a pushed temp file, best effort (the next deploy removes leftovers anyway)."""
+def _discard(device: DeviceLike, remotes: list[str], timeout: float) -> None:
+    """Remove pushed temp files, best effort (the next deploy removes leftovers anyway)."""
     try:
-        device.shell(shlex.join(["rm", "-f", "--", remote]), timeout=timeout)
+        device.shell(shlex.join(["rm", "-f", "--", *remotes]), timeout=timeout)
     except InfraError as e:
-        log.warning("device %s: could not remove %s (the next deploy will): %s", device.serial, remote, e)
+        log.warning("device %s: could not remove %s (the next deploy will): %s", device.serial,
+                    ", ".join(remotes), e)
 
 
 def _parse_stat(text: str) -> dict[str, _Remote]:
@@ -261,60 +323,107 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
         on_plan(need)
 
     # 3. Push every changed file under a temporary name, dated a little in the past (see above).
-    file_mtime = int(time.time()) - 2
-    left = need
-    for f in files:
-        if f.name not in pushing:
-            continue
-        mode = 0o755 if f.role == "runner" else 0o644
-        progress = (lambda n, _name=f.name: on_progress(_name, n)) if on_progress else None
-        partial = posixpath.join(ws, f.name + PARTIAL_SUFFIX)
-        try:
-            with open(f.path, "rb") as raw:
-                src = _HashingReader(raw)
-                sent = device.push(src, partial, mode=mode, timeout=timeout, on_bytes=progress,
-                                   mtime=file_mtime)
-        except AdbError as e:
-            if "space" not in str(e).lower():
-                raise
-            raise AdbError(f"device {device.serial}: storage full in {ws}: deploy needs {need} bytes, "
-                           f"{left} of them not yet written when pushing {f.name} failed ({e})",
-                           serial=device.serial) from None
-        except OSError as e:  # the host file, not the device (Device.push maps its own errors)
-            raise UsageError(f"{_where(bundle)}: cannot read {f.path}: {e.strerror or e}") from None
-        pushed_digest = src.hash.hexdigest()
-        if sent != f.size or pushed_digest != f.sha256:
-            _discard(device, partial, timeout)
-            raise UsageError(f"{_where(bundle)}: {f.path} changed or is corrupt: pushed {sent} bytes "
-                             f"with sha256 {pushed_digest}, manifest says {f.size} bytes with sha256 "
-                             f"{f.sha256}; not deployed")
-        known[f.name] = pushed_digest
-        left -= sent
-        report.files_pushed += 1
-        report.bytes_pushed += sent
-        report.pushed.append(f.name)
+    file_mtime = int(time.time()) - PUSH_MTIME_AGE_S
+    digests = _push_files(device, bundle, ws, to_push, need, mtime=file_mtime, timeout=timeout,
+                          on_progress=on_progress)
+    for f in files:  # reported in the manifest's order, whatever order the pushes finished in
+        if f.name in digests:
+            known[f.name] = digests[f.name]
+            report.files_pushed += 1
+            report.bytes_pushed += f.size
+            report.pushed.append(f.name)
 
     if not to_push and not to_hash and record_file is not None:
         report.seconds = time.monotonic() - started
         return report  # nothing changed, nothing learned: the record stands
 
-    # 4. Rename into place, make the runner executable, and stat again for the record.
-    # The old record goes first: should the renames stop half-way, no record vouches for a file.
-    commands = [f"cd {qws}", shlex.join(["rm", "-f", "--", RECORD_NAME])]
+    # 4. The new record under a temp name, then one command puts everything in place.
+    entries = {f.name: {"sha256": known[f.name], "size": f.size,
+                        "mtime": file_mtime if f.name in pushing else remote[f.name].mtime}
+               for f in files if f.name in known}
+    body = json.dumps({"bundle": bundle.name, "files": entries}, sort_keys=True).encode()
+    device.push(io.BytesIO(body), posixpath.join(ws, RECORD_NAME + PARTIAL_SUFFIX), timeout=timeout)
+    device.shell(_finish_command(ws, files, pushing), timeout=timeout, check=True)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _finish_command(ws: str, files: list[BundleFile], pushing: set[str]) -> str:
+    """Old record out, pushed files and new record in, runner executable: one ``&&`` chain, so the
+    device stops at the first failure with no record vouching for a half-renamed workspace."""
+    commands = [f"cd {shlex.quote(ws)}", shlex.join(["rm", "-f", "--", RECORD_NAME])]
     commands += [shlex.join(["mv", "-f", "--", f.name + PARTIAL_SUFFIX, f.name])
                  for f in files if f.name in pushing]
     commands += [shlex.join(["chmod", "755", "--", f.name]) for f in files if f.role == "runner"]
-    commands += ["echo @@stat", shlex.join(["stat", "-c", "%s %Y %n", "--", *names])]
-    finish = device.shell(" && ".join(commands), timeout=timeout, check=True)
-    remote = _parse_stat(split_sections(finish.out).get("stat", ""))
+    commands.append(shlex.join(["mv", "-f", "--", RECORD_NAME + PARTIAL_SUFFIX, RECORD_NAME]))
+    return " && ".join(commands)
 
-    # 5. The record, atomically.
-    entries = {f.name: {"sha256": known[f.name], "size": f.size, "mtime": remote[f.name].mtime}
-               for f in files if f.name in remote and f.name in known
-               and remote[f.name].size == f.size}
-    body = json.dumps({"bundle": bundle.name, "files": entries}, sort_keys=True).encode()
-    device.push(io.BytesIO(body), posixpath.join(ws, RECORD_NAME + PARTIAL_SUFFIX), timeout=timeout)
-    device.shell(f"cd {qws} && " + shlex.join(["mv", "-f", "--", RECORD_NAME + PARTIAL_SUFFIX,
-                                               RECORD_NAME]), timeout=timeout, check=True)
-    report.seconds = time.monotonic() - started
-    return report
+
+def _push_files(device: DeviceLike, bundle: Bundle, ws: str, files: list[BundleFile], need: int, *,
+                mtime: int, timeout: float, on_progress: ProgressCallback | None) -> dict[str, str]:
+    """Push ``files`` to their partial names, biggest first, ``IN_FLIGHT`` at a time; name -> sha256
+    of the bytes each push sent. The first failure is raised once the other pushes have stopped."""
+    if not files:
+        return {}
+    progress = _Progress(on_progress)
+    cancel = threading.Event()
+    racy_after = time.time_ns() - RACY_NS
+    hasher = ThreadPoolExecutor(1, thread_name_prefix="deploy-hash")
+    pushers = ThreadPoolExecutor(min(IN_FLIGHT, len(files)), thread_name_prefix="deploy-push")
+    try:
+        jobs: dict[Future[str], BundleFile] = {}
+        for f in sorted(files, key=lambda f: f.size, reverse=True):
+            try:
+                st = os.stat(f.path)
+            except OSError as e:
+                raise UsageError(f"{_where(bundle)}: cannot read {f.path}: {e.strerror}") from None
+            settled = max(st.st_mtime_ns, st.st_ctime_ns) < racy_after
+            host_hash = hasher.submit(_hash_settled, f.path) if settled else None
+            jobs[pushers.submit(_push_one, device, bundle, f, ws, need, mtime=mtime, timeout=timeout,
+                                progress=progress, cancel=cancel, host_hash=host_hash)] = f
+        return {jobs[job].name: job.result() for job in as_completed(jobs)}
+    except BaseException:
+        cancel.set()  # the running pushes stop at their next block ...
+        pushers.shutdown(wait=True, cancel_futures=True)
+        # ... and the files they finished go too: a failed deploy leaves nothing but what it found.
+        _discard(device, [posixpath.join(ws, f.name + PARTIAL_SUFFIX) for f in files], timeout)
+        raise
+    finally:
+        pushers.shutdown(wait=True, cancel_futures=True)
+        hasher.shutdown(wait=False, cancel_futures=True)  # a hash in progress only reads the host
+
+
+def _push_one(device: DeviceLike, bundle: Bundle, f: BundleFile, ws: str, need: int, *, mtime: int,
+              timeout: float, progress: _Progress, cancel: threading.Event,
+              host_hash: Future | None) -> str:
+    """Push one file to its partial name; the sha256 of the bytes sent (see the module docstring).
+    A refused file's partial is removed by ``_push_files``, with those of the other pushes."""
+    partial = posixpath.join(ws, f.name + PARTIAL_SUFFIX)
+    mode = 0o755 if f.role == "runner" else 0o644
+    try:
+        before = _identity(os.stat(f.path))
+        with open(f.path, "rb") as raw:
+            src = _Source(raw, cancel, hashing=host_hash is None)
+            sent = device.push(src, partial, mode=mode, timeout=timeout,
+                               on_bytes=progress.for_file(f.name), mtime=mtime)
+        after = _identity(os.stat(f.path))
+        if host_hash is None:
+            digest = src.hash.hexdigest()
+        else:
+            hashed_from, digest, hashed_to = host_hash.result()
+            if not before == after == hashed_from == hashed_to:
+                raise UsageError(f"{_where(bundle)}: {f.path} changed while it was pushed; "
+                                 f"not deployed")
+    except AdbError as e:
+        if "space" not in str(e).lower():
+            raise
+        raise AdbError(f"device {device.serial}: storage full in {ws}: deploy needs {need} bytes, "
+                       f"{max(need - progress.sent, 0)} of them not yet written when pushing "
+                       f"{f.name} failed ({e})", serial=device.serial) from None
+    except OSError as e:  # the host file, not the device (Device.push maps its own errors)
+        raise UsageError(f"{_where(bundle)}: cannot read {f.path}: {e.strerror or e}") from None
+    if sent != f.size or digest != f.sha256:
+        raise UsageError(f"{_where(bundle)}: {f.path} changed or is corrupt: pushed {sent} bytes "
+                         f"with sha256 {digest}, manifest says {f.size} bytes with sha256 "
+                         f"{f.sha256}; not deployed")
+    return digest
