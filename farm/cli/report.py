@@ -1,15 +1,219 @@
-"""`farm report`: reports of runs."""
+"""`farm report`: reports of runs.
+
+    farm report RUN [--compare BASELINE] [--out DIR] [--format html|markdown|pytorch-benchmark-v3]
+    farm report recover OUT_DIR
+
+RUN is a report directory, a results.json, or a run id of the results store. BASELINE is any of
+those, or a baseline's name (``farm baseline set RUN --name v1.0``).
+"""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
+from farm.errors import UsageError
+from farm.fileio import write_atomic
+from farm.results import RunResults, TestRecord
 
-@click.group("report")
+FORMATS = ("html", "markdown", "pytorch-benchmark-v3")
+FILE_NAMES = {"html": "report.html", "markdown": "report.md", "pytorch-benchmark-v3": "benchmark-v3.json"}
+
+
+class _ReportGroup(click.Group):
+    """``farm report RUN`` is ``farm report render RUN``: a first argument that is not a sub-command
+    is a run."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["render", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("report", cls=_ReportGroup)
 def report() -> None:
-    """Reports of runs (JUnit per device, summary.md, results.json)."""
+    """Reports of runs: `farm report RUN [--compare BASELINE]` writes the release qualification report
+    (HTML and Markdown, or the PyTorch benchmark v3 records); `farm report recover DIR` writes the
+    report of a killed run from its journal."""
+
+
+# -- finding runs -------------------------------------------------------------------------------------
+
+def _store():
+    """farm.results_store, or None in a checkout that does not have it yet."""
+    try:
+        from farm import results_store
+    except ImportError:
+        return None
+    return results_store
+
+
+def _parse_results(path: Path) -> RunResults:
+    """results.json, by farm.report's own loader when it has one (v2), else the v1 layout."""
+    try:
+        from farm.report import load_results  # the results store's loader (results.json v2)
+    except ImportError:
+        load_results = None
+    if load_results is not None:
+        return load_results(path)
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: not readable JSON: {e}") from None
+    if not isinstance(body, dict) or not isinstance(body.get("meta"), dict):
+        raise UsageError(f"{path}: no 'meta' object: not a ptefarm results.json")
+    raw = body.get("results")
+    if not isinstance(raw, list):
+        raise UsageError(f"{path}: field 'results' is not a list")
+    records = []
+    for i, r in enumerate(raw):
+        try:
+            records.append(TestRecord.from_json(r))
+        except (TypeError, ValueError, KeyError) as e:
+            raise UsageError(f"{path}: results[{i}] is not a test record: {e}") from None
+    return RunResults(body["meta"], records)
+
+
+def load_run(source: str, *, what: str = "RUN") -> RunResults:
+    """A run from a report directory, a results.json or a run id of the results store."""
+    path = Path(source)
+    if path.is_dir():
+        if not (path / "results.json").is_file():
+            raise UsageError(f"{what} {source}: a directory without results.json (not a report directory)")
+        return _parse_results(path / "results.json")
+    if path.is_file():
+        return _parse_results(path)
+    store = _store()
+    if store is None:
+        raise UsageError(f"{what} {source!r}: no such report directory or results.json, and this "
+                         "checkout has no results store (farm/results_store.py) to look run ids up in")
+    try:
+        return store.load_run(source)
+    except (KeyError, LookupError) as e:
+        raise UsageError(f"{what} {source!r}: no such directory, file or stored run ({e})") from None
+
+
+def load_baseline(source: str) -> RunResults:
+    """A baseline: anything ``load_run`` takes, or the name of a baseline in the results store."""
+    try:
+        return load_run(source, what="--compare")
+    except UsageError:
+        store = _store()
+        if store is None or Path(source).exists():
+            raise
+        try:
+            found = store.baseline(source)
+        except (KeyError, LookupError):
+            found = None
+        if found is None:
+            raise UsageError(f"--compare {source!r}: no such report directory, results.json, stored run "
+                             "or named baseline") from None
+        return found
+
+
+def latest_baseline(bundle: str) -> RunResults | None:
+    """The newest named baseline of ``bundle`` in the results store; None without a store or one."""
+    store = _store()
+    if store is None or not hasattr(store, "latest_baseline"):
+        return None
+    try:
+        return store.latest_baseline(bundle)
+    except (KeyError, LookupError):
+        return None
+
+
+# -- writing ------------------------------------------------------------------------------------------
+
+@dataclass
+class Written:
+    paths: dict[str, Path]
+    exit_code: int
+    markdown: str
+
+
+def write_outputs(run: RunResults, baseline: RunResults | None, out_dir: Path, formats: tuple[str, ...],
+                  *, min_effect: float = 0.05, inconclusive_fails: bool = False) -> Written:
+    """Evaluate the gate and write each format into ``out_dir``, every file atomically (a temp file
+    renamed into place: an interrupted write leaves the old file or none, never half of one)."""
+    from farm.gate import GateConfig, evaluate
+    from farm.report_markdown import qualification, render_markdown
+
+    gate = evaluate(run, baseline, GateConfig(min_effect=min_effect, inconclusive_fails=inconclusive_fails))
+    q = qualification(run, baseline, gate)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    markdown = render_markdown(q)
+    for fmt in formats:
+        path = out_dir / FILE_NAMES[fmt]
+        if fmt == "markdown":
+            text = markdown
+        elif fmt == "html":
+            from farm.report_html import render_html
+
+            text = render_html(q)
+        else:
+            from farm.benchmark_v3 import records
+
+            text = json.dumps(records(run, gate), indent=2, ensure_ascii=False) + "\n"
+        write_atomic(path, text)
+        paths[fmt] = path
+    return Written(paths, int(q.exit_code), markdown)
+
+
+def _percent(value: str) -> float:
+    try:
+        pct = float(value.rstrip("%"))
+    except ValueError:
+        raise UsageError(f"--min-effect: {value!r} is not a percentage") from None
+    if not 0 <= pct < 100:
+        raise UsageError(f"--min-effect: must be in [0, 100), got {value}")
+    return pct / 100
+
+
+def gate_options(f):
+    f = click.option("--min-effect", "min_effect", default="5", show_default=True, metavar="PCT",
+                     help="smallest change of a median (percent) the regression gate calls a "
+                          "regression or an improvement")(f)
+    return click.option("--inconclusive", type=click.Choice(["pass", "fail"]), default="pass",
+                        show_default=True, help="whether a point the gate cannot decide (too few or "
+                                                "too noisy samples) fails the gate")(f)
+
+
+@report.command("render")
+@click.argument("run")
+@click.option("--compare", "compare", metavar="BASELINE", default=None,
+              help="baseline: a report directory, results.json, stored run id or baseline name")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="where to write [default: RUN's report directory, else reports/run-<id>]")
+@click.option("--format", "formats", type=click.Choice(FORMATS), multiple=True,
+              help="repeatable [default: html and markdown]")
+@gate_options
+def render(run: str, compare: str | None, out_dir: str | None, formats: tuple[str, ...], min_effect: str,
+           inconclusive: str) -> None:
+    """Write the release qualification report of RUN (HTML page and Markdown summary), or its
+    PyTorch benchmark v3 records. Prints each file written; the HTML page's path last.
+
+    Exit code: the run's, combined with the regression gate (1 test failure > 4 regression >
+    2 bad input > 3 infrastructure > 0)."""
+    import sys
+
+    results = load_run(run)
+    baseline = load_baseline(compare) if compare else None
+    if out_dir is None:
+        path = Path(run)
+        out = path if path.is_dir() else path.parent if path.is_file() else \
+            Path("reports") / f"run-{results.meta.get('run_id', run)}"
+    else:
+        out = Path(out_dir)
+    order = formats or ("markdown", "html")
+    written = write_outputs(results, baseline, out, tuple(sorted(set(order), key=lambda f: f == "html")),
+                            min_effect=_percent(min_effect), inconclusive_fails=inconclusive == "fail")
+    for fmt, path in written.paths.items():
+        click.echo(f"{fmt}: {path}" if fmt != "html" else str(path))
+    sys.exit(written.exit_code)
 
 
 @report.command("recover")
