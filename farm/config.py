@@ -18,6 +18,9 @@ farm runs on its own adb server on this host and an SQLite pool under the farm h
     liveness_s = 120                     # lease only devices seen (synced, or used) this recently
     retention_days = 30                  # `farm pool prune`: rows of devices offline this long
 
+    [results]                            # the results store (farm history, farm baseline)
+    retention_days = 180                 # runs older than this are pruned; named baselines never
+
     [[devices]]                          # optional, per phone: tags the pool matches requests on
     serial = "R5CW1234ABC"
     tags = ["flagship", "usb3"]
@@ -47,6 +50,7 @@ DEFAULT_ADB_PORT = 15037  # the farm's own adb server, never the user's default 
 DEFAULT_WORKSPACE = "/data/local/tmp/ptefarm"
 DEFAULT_LIVENESS_S = 120.0  # a device not seen (synced, or used) this long is not leased
 DEFAULT_RETENTION_DAYS = 30.0
+DEFAULT_RESULTS_RETENTION_DAYS = 180.0  # stored runs; named baselines are kept whatever their age
 # A device tag: what `farm pool tag` and `[[devices]] tags` accept (no spaces or commas: tags are
 # listed comma-separated).
 TAG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}")
@@ -106,6 +110,11 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class ResultsConfig:
+    retention_days: float = DEFAULT_RESULTS_RETENTION_DAYS
+
+
+@dataclass(frozen=True)
 class FarmConfig:
     home: Path
     adb_servers: list[AdbServerAddress]
@@ -113,6 +122,7 @@ class FarmConfig:
     run: RunConfig = field(default_factory=RunConfig)
     source: Path | None = None
     devices: tuple[DeviceConfig, ...] = ()
+    results: ResultsConfig = field(default_factory=ResultsConfig)
 
     @property
     def device_tags(self) -> dict[str, tuple[str, ...]]:
@@ -127,6 +137,7 @@ _KNOWN = {
              "retention_days"},
     "run": {"command_timeout_s", "workspace"},
     "devices": {"serial", "tags"},
+    "results": {"retention_days"},
 }
 
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
@@ -289,8 +300,15 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
         raise UsageError(f"{loc('run.workspace')}: key 'run.workspace' must be an absolute device "
                          f"path")
     devices = _devices(raw.get("devices", []), loc)
+    results_t = raw.get("results", {})
+    if not isinstance(results_t, dict):
+        raise UsageError(f"{loc('results')}: 'results' must be a table")
+    _check_keys(results_t, "results", "results", loc)
+    results = ResultsConfig(retention_days=float(_get(
+        results_t, "results", "retention_days", (int, float), DEFAULT_RESULTS_RETENTION_DAYS, loc,
+        True)))
     return FarmConfig(home=home, adb_servers=servers, pool=pool, run=run, source=source,
-                      devices=devices)
+                      devices=devices, results=results)
 
 
 def _devices(raw: Any, loc: _Where) -> tuple[DeviceConfig, ...]:

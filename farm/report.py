@@ -4,12 +4,18 @@ Layout of a report directory::
 
     junit/<device>.xml   one <testsuite> per device; tests that never got a device: unleased-<SoC>.xml
     summary.md           verdict first, then one row per test
-    results.json         meta + every record with its attempts
+    results.json         meta + every record with its attempts and measurements (format below)
 
 Only ``junit/`` holds XML, so a CI glob of ``junit/*.xml`` (or ``**/*.xml``) counts every test once.
 Failures of the code under test are ``<failure>``; infrastructure errors and bad input are
 ``<error>``, with every spoiled attempt and its reason in ``system-err``. The directory is written
 under a temporary name and renamed into place: a crash never leaves half a report where CI looks.
+
+results.json is ``{"format": "ptefarm-results/2", "schema_version": 2, "tool_version",
+"generated_at" (ISO 8601 UTC), "meta", "results"}``; meta carries run_id, purpose, git_revision,
+bundle_name, bundle_digest, runner_dialect, started_at, ended_at, wall_s, verdict, virtual, partial,
+tool_version, units ({metric: unit}), devices, manifest (the bundle's files) and infra_events.
+``load_results`` reads it, and the ``ptefarm-results/1`` files of older runs.
 
 JUnit is built with ElementTree rather than the junit-xml package, which cannot put ``<properties>``
 on a ``<testcase>`` (the serial, SoC, tok/s of each test live there, as pytest's own junitxml does).
@@ -24,10 +30,29 @@ import shutil
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from farm.results import ErrorKind, Outcome, ResultLog, TestRecord, Verdict, journal_paths, verdict
+from farm.errors import UsageError
+from farm.results import (
+    UNITS,
+    ErrorKind,
+    Outcome,
+    ResultLog,
+    RunResults,
+    TestRecord,
+    Verdict,
+    journal_paths,
+    tool_version,
+    verdict,
+)
+
+RESULTS_FORMAT = "ptefarm-results/2"
+RESULTS_SCHEMA_VERSION = 2
+# Formats load_results reads; version 1 (before the results store) had no schema_version, units,
+# devices or manifest list, and its meta.manifest was the manifest's path.
+READABLE_FORMATS = {"ptefarm-results/1": 1, RESULTS_FORMAT: RESULTS_SCHEMA_VERSION}
 
 
 def _safe(name: str) -> str:
@@ -125,6 +150,8 @@ def write_reports(records: list[TestRecord], out_dir: Path, meta: dict[str, Any]
     meta = dict(meta)
     meta.setdefault("verdict", verdict(records, interrupted=bool(meta.get("partial"))).value)
     meta.setdefault("written_at", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    meta.setdefault("tool_version", tool_version())
+    meta.setdefault("units", dict(UNITS))
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         by_device: dict[str, list[TestRecord]] = {}
@@ -137,9 +164,7 @@ def write_reports(records: list[TestRecord], out_dir: Path, meta: dict[str, Any]
             tree.write(staging / "junit" / f"{_safe(device)}.xml", encoding="utf-8",
                        xml_declaration=True)
         (staging / "summary.md").write_text(summary_markdown(records, meta), encoding="utf-8")
-        body = {"format": "ptefarm-results/1", "meta": meta, "results": [r.to_json() for r in records]}
-        (staging / "results.json").write_text(json.dumps(body, indent=2, ensure_ascii=False),
-                                              encoding="utf-8")
+        (staging / "results.json").write_text(results_json(records, meta), encoding="utf-8")
         if out_dir.exists():
             old = out_dir.with_name(f".{out_dir.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -151,6 +176,49 @@ def write_reports(records: list[TestRecord], out_dir: Path, meta: dict[str, Any]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
+
+
+def results_json(records: list[TestRecord], meta: dict[str, Any]) -> str:
+    """The text of results.json (format ptefarm-results/2)."""
+    body = {"format": RESULTS_FORMAT, "schema_version": RESULTS_SCHEMA_VERSION,
+            "tool_version": tool_version(),
+            "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "meta": meta, "results": [r.to_json() for r in records]}
+    return json.dumps(body, indent=2, ensure_ascii=False)
+
+
+def load_results(path: str | os.PathLike) -> RunResults:
+    """A results.json (or a report directory holding one) as RunResults; formats 1 and 2. Anything
+    else is a UsageError naming the file and what is wrong with it."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such results file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: cannot read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: not JSON (line {e.lineno}: {e.msg})") from None
+    fmt = body.get("format") if isinstance(body, dict) else None
+    if fmt not in READABLE_FORMATS:
+        raise UsageError(f"{path}: format {fmt!r} is not a ptefarm results file this version reads "
+                         f"({', '.join(READABLE_FORMATS)})")
+    meta, raw_records = body.get("meta"), body.get("results")
+    if not isinstance(meta, dict):
+        raise UsageError(f"{path}: field 'meta' must be an object")
+    if not isinstance(raw_records, list):
+        raise UsageError(f"{path}: field 'results' must be a list")
+    records = []
+    for i, raw in enumerate(raw_records):
+        try:
+            records.append(TestRecord.from_json(raw))
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise UsageError(f"{path}: results[{i}] is not a test record: {e}") from None
+    # A version-1 meta is returned as it is (its manifest a path, no purpose): readers default what
+    # it lacks (the store saves it as purpose adhoc), rather than this loader inventing values.
+    return RunResults(meta=meta, records=records)
 
 
 def recover(out_dir: Path) -> Path:

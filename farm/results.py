@@ -23,8 +23,23 @@ from typing import Any
 
 from farm.vocab import Outcome
 
-__all__ = ["Attempt", "ErrorKind", "Measurement", "Outcome", "ResultLog", "RunResults", "TestRecord",
-           "Verdict", "verdict"]
+__all__ = ["PURPOSES", "UNITS", "Attempt", "ErrorKind", "Measurement", "Outcome", "ResultLog",
+           "RunResults", "TestRecord", "Verdict", "tool_version", "verdict"]
+
+# Why a run was made; the results store and `farm history --purpose` filter on it.
+PURPOSES = ("pr", "nightly", "release", "adhoc")
+# The unit of every metric the farm's suites and records carry (results.json meta.units).
+UNITS = {"tok_s": "tok/s", "duration_s": "s"}
+
+
+def tool_version() -> str:
+    """The installed ptefarm's version, as results name the tool that made them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ptefarm")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 class ErrorKind(StrEnum):

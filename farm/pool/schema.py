@@ -103,6 +103,76 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     # ``farm pool tag`` and only changed by it. A device's tags are the union of the three.
     (3, ["ALTER TABLE devices ADD COLUMN config_tags TEXT NOT NULL DEFAULT '[]'",
          "ALTER TABLE devices ADD COLUMN admin_tags TEXT NOT NULL DEFAULT '[]'"]),
+    # The results store (farm.results_store): runs, their tests, every measured sample, named
+    # baselines. The columns are what history and the gate query on; ``meta`` (JSON) is the run's
+    # whole meta as results.json has it, so a stored run reads back exactly. IF NOT EXISTS: a pool
+    # set back to an older version (by hand, or a test) keeps the results it has.
+    (4, [
+        """CREATE TABLE IF NOT EXISTS runs (
+            run_id TEXT PRIMARY KEY,
+            purpose TEXT NOT NULL,
+            git_revision TEXT NOT NULL DEFAULT '',
+            bundle_name TEXT NOT NULL DEFAULT '',
+            bundle_digest TEXT NOT NULL DEFAULT '',
+            runner_dialect TEXT NOT NULL DEFAULT '',
+            started_at TEXT NOT NULL DEFAULT '',
+            ended_at TEXT NOT NULL DEFAULT '',
+            started {real} NOT NULL,
+            verdict TEXT NOT NULL,
+            virtual INTEGER NOT NULL DEFAULT 0,
+            partial INTEGER NOT NULL DEFAULT 0,
+            tool_version TEXT NOT NULL DEFAULT '',
+            schema_version INTEGER NOT NULL,
+            saved {real} NOT NULL,
+            meta TEXT NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS runs_by_start ON runs (started)",
+        """CREATE TABLE IF NOT EXISTS test_results (
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            nodeid TEXT NOT NULL,
+            suite TEXT NOT NULL,
+            name TEXT NOT NULL,
+            outcome TEXT NOT NULL,
+            error_kind TEXT,
+            error_type TEXT NOT NULL DEFAULT '',
+            soc TEXT,
+            serial TEXT,
+            duration_s {real} NOT NULL,
+            finished_at {real} NOT NULL,
+            message TEXT NOT NULL DEFAULT '',
+            details TEXT NOT NULL DEFAULT '',
+            attempts TEXT NOT NULL DEFAULT '[]',
+            properties TEXT NOT NULL DEFAULT '{}',
+            PRIMARY KEY (run_id, seq)
+        )""",
+        # One row per Measurement (a metric at one point of one test), its samples a JSON array in
+        # measured order: the gate always reads a point's samples together, and a row per sample
+        # would multiply the rows by the number of runs for nothing.
+        """CREATE TABLE IF NOT EXISTS measurements (
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            result_seq INTEGER NOT NULL,
+            seq INTEGER NOT NULL,
+            nodeid TEXT NOT NULL,
+            soc TEXT,
+            serial TEXT,
+            metric TEXT NOT NULL,
+            unit TEXT NOT NULL,
+            updater TEXT NOT NULL DEFAULT '',
+            mode TEXT NOT NULL DEFAULT '',
+            seq_len INTEGER NOT NULL DEFAULT 0,
+            threshold {real},
+            samples TEXT NOT NULL,
+            PRIMARY KEY (run_id, result_seq, seq)
+        )""",
+        # A named baseline pins its run: the foreign key refuses to delete a run a name points to.
+        """CREATE TABLE IF NOT EXISTS baselines (
+            name TEXT PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs(run_id),
+            created {real} NOT NULL,
+            created_by TEXT NOT NULL DEFAULT ''
+        )""",
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
