@@ -143,15 +143,23 @@ def summary_markdown(records: list[TestRecord], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def complete_meta(records: list[TestRecord], meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` with what every written run carries (verdict, purpose, tool version, units), as
+    results.json and the results store both keep it."""
+    meta = dict(meta)
+    meta.setdefault("verdict", verdict(records, interrupted=bool(meta.get("partial"))).value)
+    meta.setdefault("purpose", "adhoc")
+    meta.setdefault("written_at", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    meta.setdefault("tool_version", tool_version())
+    meta.setdefault("units", dict(UNITS))
+    return meta
+
+
 def write_reports(records: list[TestRecord], out_dir: Path, meta: dict[str, Any]) -> Path:
     """Write the report directory atomically (replacing an older one) and return its path."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(meta)
-    meta.setdefault("verdict", verdict(records, interrupted=bool(meta.get("partial"))).value)
-    meta.setdefault("written_at", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    meta.setdefault("tool_version", tool_version())
-    meta.setdefault("units", dict(UNITS))
+    meta = complete_meta(records, meta)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         by_device: dict[str, list[TestRecord]] = {}

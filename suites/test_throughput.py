@@ -1,7 +1,8 @@
 """Throughput: tokens/second against the bundle's thresholds (minimums per SoC, mode, seq_len and
 updater; relative rules between updaters). Warm-up runs first, then N measured runs, all kept; the
 median is compared. Phones are first left to cool under --farm-max-temp (virtual devices are not).
-Figures from virtual devices are host-CPU figures and are marked virtual."""
+Figures from virtual devices are host-CPU figures and are marked virtual. Every measured run of every
+point is recorded raw (``record_measurement``) for the results store and the regression gate."""
 
 from __future__ import annotations
 
@@ -49,9 +50,10 @@ def iteration_rates(result) -> list[float]:
     return rates
 
 
-def measure(llm, farm, thresholds: Thresholds, *, mode: str, seq_len: int, updater: str) -> list[float]:
-    """The measured runs (warm-ups dropped). One runner invocation with --num_iters when the runner
-    reports every iteration; separate invocations otherwise."""
+def measure(llm, farm, thresholds: Thresholds, record_measurement, *, mode: str, seq_len: int,
+            updater: str, threshold: float | None = None) -> list[float]:
+    """The measured runs (warm-ups dropped), recorded raw. One runner invocation with --num_iters
+    when the runner reports every iteration; separate invocations otherwise."""
     limit = farm.options.max_temp_c or (None if llm.device.virtual else PHONE_MAX_TEMP_C)
     if limit is not None:
         temp = llm.device.wait_cool(limit, farm.options.cool_timeout_s)
@@ -67,6 +69,8 @@ def measure(llm, farm, thresholds: Thresholds, *, mode: str, seq_len: int, updat
             assert one.tokens_per_s is not None, "the runner wrote no inference_speed.txt"
             rates.append(one.tokens_per_s)
     measured = rates[thresholds.warmup:]
+    record_measurement("tok_s", "tok/s", measured, updater=updater, mode=mode, seq_len=seq_len,
+                       threshold=threshold)
     llm.record(f"tok_s.{updater}", f"{statistics.median(measured):.2f}")
     llm.record(f"tok_s_runs.{updater}", " ".join(f"{r:.2f}" for r in measured))
     return measured
@@ -76,14 +80,15 @@ def _where(device) -> str:
     return f"{device.serial} ({device.soc}{', virtual: host-CPU figures' if device.virtual else ''})"
 
 
-def test_min_throughput(llm, farm, thresholds, point):
+def test_min_throughput(llm, farm, thresholds, record_measurement, point):
     mode, seq_len, updater = point
     rule = thresholds.minimum(llm.device.soc, mode, seq_len, updater)
     if rule is None:
         pytest.skip(f"{thresholds.path}: no minimum for {llm.device.soc} at {mode}/{seq_len}/{updater}")
     if updater not in llm.updaters:
         pytest.skip(f"runner dialect {llm.bundle.runner_dialect!r} has no {updater}")
-    runs = measure(llm, farm, thresholds, mode=mode, seq_len=seq_len, updater=updater)
+    runs = measure(llm, farm, thresholds, record_measurement, mode=mode, seq_len=seq_len,
+                   updater=updater, threshold=rule.tok_s)
     median = statistics.median(runs)
     llm.record("threshold_tok_s", rule.tok_s)
     assert median >= rule.tok_s, (
@@ -91,17 +96,17 @@ def test_min_throughput(llm, farm, thresholds, point):
         f"< minimum {rule.tok_s:g} (runs: {', '.join(f'{r:.1f}' for r in runs)})")
 
 
-def test_relative_throughput(llm, farm, thresholds, point):
+def test_relative_throughput(llm, farm, thresholds, record_measurement, point):
     rule = thresholds.relative_rule(llm.device.soc, point)
     if rule is None:
         pytest.skip(f"{thresholds.path}: no relative rule for {llm.device.soc}")
     missing = [u for u in (rule.faster, rule.slower) if u not in llm.updaters]
     if missing:
         pytest.skip(f"runner dialect {llm.bundle.runner_dialect!r} has no {', '.join(missing)}")
-    fast = statistics.median(measure(llm, farm, thresholds, mode=rule.mode, seq_len=rule.seq_len,
-                                     updater=rule.faster))
-    slow = statistics.median(measure(llm, farm, thresholds, mode=rule.mode, seq_len=rule.seq_len,
-                                     updater=rule.slower))
+    fast = statistics.median(measure(llm, farm, thresholds, record_measurement, mode=rule.mode,
+                                     seq_len=rule.seq_len, updater=rule.faster))
+    slow = statistics.median(measure(llm, farm, thresholds, record_measurement, mode=rule.mode,
+                                     seq_len=rule.seq_len, updater=rule.slower))
     floor = slow * (1 - rule.max_slowdown_pct / 100)
     assert fast >= floor, (
         f"{rule.faster} {fast:.1f} tok/s is more than {rule.max_slowdown_pct:g}% slower than "
