@@ -4,6 +4,7 @@ kept, failures as FAILURE_REPORT and infrastructure errors never as failures."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,7 +99,8 @@ def test_farm_report_format_v3(tmp_path):
     now = write_results(sample_run(), tmp_path / "now")
     proc = subprocess.run([sys.executable, "-m", "farm.cli.main", "report", str(now), "--format",
                            "pytorch-benchmark-v3", "--out", str(tmp_path / "out")], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PTEFARM_HOME": str(tmp_path / "farm-home")})
     assert proc.returncode == 1, explain(proc)  # the sample run has a failed test
     path = tmp_path / "out" / "benchmark-v3.json"
     assert proc.stdout.strip() == f"pytorch-benchmark-v3: {path}"

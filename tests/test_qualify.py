@@ -89,3 +89,102 @@ def test_verdicts_and_exit_codes(tmp_path):
     assert exit_code(2, tmp_path / "missing.json") == 130
     write_reports(records[:1], tmp_path / "r", {"partial": True, "interrupted": True})
     assert exit_code(2, out / "results.json") == 130
+
+
+# -- the report and the regression gate, end to end (issue 12) ---------------------------------------
+
+ONE_POINT = """warmup = 1
+runs = 5
+prompt = "Once upon a time"
+
+[[min]]
+soc = "*"
+mode = "kv"
+seq_len = 64
+updater = "SmartMask"
+tok_s = 1.0
+"""
+
+
+def _qualify_on(vf_config, bundle, out, tmp_path, *extra: str) -> subprocess.CompletedProcess:
+    """farm qualify on the test's own virtual farm, one throughput point (5 measured runs)."""
+    thresholds = tmp_path / "thresholds.toml"
+    thresholds.write_text(ONE_POINT)
+    return _farm("qualify", "--config", str(vf_config), "--bundle", str(bundle), "--out", str(out),
+                 "--retries", "0", *extra, "--", "-k", "test_min_throughput", "--farm-thresholds",
+                 str(thresholds), cwd=tmp_path)
+
+
+def test_a_slowed_device_regresses_against_its_baseline(virtual_farm, tiny_bundle, tmp_path):
+    """The host runner sleeps per decoded token (fault runner_delay_ms), so the figures are dominated
+    by a delay the test sets: 8 ms for the baseline and the unchanged run, 24 ms for the slowed one."""
+    from farm.virtual import VirtualDeviceSpec
+    from tests.plugin_helpers import farm_toml
+
+    [dev] = virtual_farm.up([VirtualDeviceSpec(soc="SM8650")])
+    config = farm_toml(tmp_path / "farm.toml", virtual_farm.adb_server.port,
+                       f"sqlite:///{tmp_path / 'pool.db'}")
+    virtual_farm.set_faults(dev.serial, runner_delay_ms=8)
+    base = _qualify_on(config, tiny_bundle, tmp_path / "base", tmp_path)
+    assert base.returncode == 0, explain(base)
+    assert base.stdout.strip().splitlines()[-1] == str(tmp_path / "base" / "report.html")
+
+    gate = ("--baseline", str(tmp_path / "base"), "--min-effect", "25")
+    same = _qualify_on(config, tiny_bundle, tmp_path / "same", tmp_path, *gate)
+    assert same.returncode == 0, explain(same)
+    md = (tmp_path / "same" / "report.md").read_text()
+    assert md.startswith("# Qualification of reference-tiny: PASS"), md
+    assert "| SM8650 | kv | 64 | SmartMask | 5 |" in md and "| unchanged |" in md, md
+
+    virtual_farm.set_faults(dev.serial, runner_delay_ms=24)
+    slow = _qualify_on(config, tiny_bundle, tmp_path / "slow", tmp_path, *gate)
+    assert slow.returncode == 4, explain(slow)  # every test passed: the gate failed
+    md = (tmp_path / "slow" / "report.md").read_text()
+    assert md.startswith("# Qualification of reference-tiny: REGRESSION"), md
+    assert "| regressed |" in md, md
+    assert results_json(tmp_path / "slow")["meta"]["verdict"] == "pass"  # the tests themselves passed
+    html_text = (tmp_path / "slow" / "report.html").read_text()
+    assert "regressed" in html_text and html_text.count("<svg") == 3
+
+
+def test_sigint_during_qualify_leaves_no_half_report_and_no_lease(virtual_farm, tiny_bundle, tmp_path):
+    import signal
+    import time
+
+    from farm.pool import Pool
+    from farm.virtual import VirtualDeviceSpec
+    from tests.plugin_helpers import farm_toml
+
+    [dev] = virtual_farm.up([VirtualDeviceSpec(soc="SM8650")])
+    url = f"sqlite:///{tmp_path / 'pool.db'}"
+    config = farm_toml(tmp_path / "farm.toml", virtual_farm.adb_server.port, url)
+    virtual_farm.set_faults(dev.serial, runner_delay_ms=300)  # the measurement takes minutes
+    (tmp_path / "thresholds.toml").write_text(ONE_POINT)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "farm.cli.main", "qualify", "--config", str(config),
+                             "--bundle", str(tiny_bundle), "--out", str(out), "--", "-k",
+                             "test_min_throughput", "--farm-thresholds", str(tmp_path / "thresholds.toml")],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def leased() -> bool:
+        try:
+            with Pool.open(url) as pool:
+                return any(d.lease for d in pool.status().devices)
+        except Exception:  # the pool may not exist yet
+            return False
+
+    deadline = time.monotonic() + 180
+    while not leased():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, output
+    with Pool.open(url) as pool:
+        assert [d.lease for d in pool.status().devices] == [None]  # released, not left to its TTL
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")]
+    leftovers += [p.name for p in out.rglob("*") if p.name.startswith(".")] if out.exists() else []
+    assert leftovers == []  # no staging directory, journal or temp file
+    if (out / "report.html").exists():  # written whole, and saying what it is
+        text = (out / "report.html").read_text()
+        assert text.endswith("</html>\n") and "INTERRUPTED" in text

@@ -288,8 +288,10 @@ def test_a_run_without_baseline_says_so():
 # -- farm report ----------------------------------------------------------------------------------------
 
 def _farm(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PTEFARM_HOME": str(cwd / "farm-home")}  # a results store of its own, if any
+    env.pop("PTEFARM_CONFIG", None)
     return subprocess.run([sys.executable, "-m", "farm.cli.main", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, env=env)
 
 
 def test_farm_report_compare_writes_html_and_markdown_and_exits_with_the_gate(tmp_path):
@@ -325,7 +327,8 @@ def test_farm_report_bad_input_is_exit_2(args, needle, tmp_path):
 
 def test_farm_report_names_the_bad_field(tmp_path):
     (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "results.json").write_text(json.dumps({"meta": {}, "results": [{"nodeid": "x"}]}))
+    (tmp_path / "bad" / "results.json").write_text(json.dumps(
+        {"format": "ptefarm-results/1", "meta": {}, "results": [{"nodeid": "x"}]}))
     proc = _farm("report", str(tmp_path / "bad"), cwd=tmp_path)
     assert proc.returncode == 2, explain(proc)
     assert "results[0]" in proc.stderr and "results.json" in proc.stderr

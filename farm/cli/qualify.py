@@ -14,7 +14,13 @@ from pathlib import Path
 
 import click
 
+from farm.cli.report import _percent, gate_options, latest_baseline, load_baseline, load_run, write_outputs
 from farm.errors import UsageError
+
+try:
+    from farm.results import PURPOSES
+except ImportError:  # before the results store's vocabulary landed
+    PURPOSES = ("pr", "nightly", "release", "adhoc")
 
 
 def suites_dir() -> Path:
@@ -56,27 +62,39 @@ def _device_count(virtual: tuple[str, ...], socs: tuple[str, ...], config_path: 
               help="report directory [default: reports/qualify-<time>]")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="farm config file [default: $PTEFARM_CONFIG or ./farm.toml]")
+@click.option("--purpose", type=click.Choice(PURPOSES), default="adhoc", show_default=True,
+              help="why this run is made (kept with its results; release and nightly compare against "
+                   "the latest named baseline by default)")
+@click.option("--baseline", "baseline_name", metavar="NAME", default=None,
+              help="baseline for the regression gate: a baseline name, stored run id, report directory "
+                   "or results.json [default for release/nightly: the latest named baseline of the "
+                   "bundle, if any; 'none' for no gate]")
+@gate_options
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retries, out_dir,
-            config_path, pytest_args) -> None:
-    """Qualify a bundle with the farm's suites (smoke, correctness, throughput) on every SoC.
+            config_path, purpose, baseline_name, min_effect, inconclusive, pytest_args) -> None:
+    """Qualify a bundle with the farm's suites (smoke, correctness, throughput) on every SoC, and
+    write the release qualification report (report.html, report.md) beside the JUnit files.
 
     Arguments after the options go to pytest: `farm qualify --virtual SM8650 -- -m gate -k story`.
+    The last line printed is the HTML report's path.
 
-    Exit code: 0 all passed, 1 a test failed, 3 only infrastructure errors, 2 bad input,
-    130 interrupted (a partial report is written).
+    Exit code: 0 all passed, 1 a test failed, 4 throughput regressed against the baseline (no test
+    failed), 3 only infrastructure errors, 2 bad input, 130 interrupted (a partial report is written).
     """
     import pytest
 
     if workers is not None and workers < 0:
         raise UsageError(f"--workers: must be >= 0, got {workers}")
+    effect = _percent(min_effect)  # bad input first, before any export or device
     if manifest is None:
         from farm.export import export_bundle
 
         manifest = str(export_bundle(model_config))
     from farm.bundle import load
 
-    load(manifest)  # bad input first, before any device is counted or started
+    bundle = load(manifest)  # bad input first, before any device is counted or started
+    baseline = _baseline(baseline_name, purpose, bundle.name, config_path)
     out = Path(out_dir) if out_dir else Path("reports") / f"qualify-{time.strftime('%Y%m%d-%H%M%S')}"
     n = workers if workers is not None else _device_count(virtual_socs, socs, config_path)
     args = [str(suites_dir()), "-p", "no:cacheprovider", "-p", "no:randomly", "-ra",
@@ -89,10 +107,41 @@ def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retri
         args += ["--farm-soc", s]
     if config_path:
         args += ["--farm-config", config_path]
+    if plugin_has_option("farm_purpose"):
+        args += ["--farm-purpose", purpose]
     args += list(pytest_args)
     click.echo("+ pytest " + shlex.join(args), err=True)
     code = pytest.main(args)
-    sys.exit(exit_code(code, out / "results.json"))
+    if code == pytest.ExitCode.USAGE_ERROR or not (out / "results.json").is_file():
+        sys.exit(exit_code(code, out / "results.json"))
+    run = load_run(str(out))
+    run.meta.setdefault("purpose", purpose)
+    written = write_outputs(run, baseline, out, ("markdown", "html"), min_effect=effect,
+                            inconclusive_fails=inconclusive == "fail")
+    click.echo(f"markdown: {written.paths['markdown']}")
+    click.echo(str(written.paths["html"]))  # the last line: where the report is
+    sys.exit(written.exit_code)
+
+
+def plugin_has_option(ini: str) -> bool:
+    """Whether the ptefarm plugin has ``ini`` (an option added after this command was written)."""
+    from ptefarm_fixtures.options import _OPTIONS  # the plugin's own table of its options
+
+    return any(name == ini for _, name, _, _ in _OPTIONS)
+
+
+def _baseline(name: str | None, purpose: str, bundle: str, config_path: str | None):
+    """The run the gate compares with: ``--baseline`` (a name, run id or report), else for release and
+    nightly runs the latest named baseline of the bundle; None for no gate."""
+    if name is not None:
+        return None if name == "none" else load_baseline(name, config_path=config_path, what="--baseline")
+    if purpose in ("release", "nightly"):
+        found = latest_baseline(bundle, config_path=config_path)
+        if found is None:
+            click.echo(f"farm qualify: no named baseline for bundle {bundle!r}: throughput is checked "
+                       "against the thresholds only", err=True)
+        return found
+    return None
 
 
 def exit_code(pytest_code: int, results: Path) -> int:

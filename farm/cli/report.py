@@ -9,9 +9,12 @@ those, or a baseline's name (``farm baseline set RUN --name v1.0``).
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -42,13 +45,19 @@ def report() -> None:
 
 # -- finding runs -------------------------------------------------------------------------------------
 
-def _store():
-    """farm.results_store, or None in a checkout that does not have it yet."""
+@contextlib.contextmanager
+def open_store(config_path: str | None = None) -> Iterator[Any]:
+    """The results store in the configured pool's database (farm.results_store), or None in a
+    checkout that does not have one yet."""
     try:
-        from farm import results_store
+        from farm.results_store import ResultsStore, results_url
     except ImportError:
-        return None
-    return results_store
+        yield None
+        return
+    from farm.config import load_config
+
+    with ResultsStore.open(results_url(load_config(config_path))) as store:
+        yield store
 
 
 def _parse_results(path: Path) -> RunResults:
@@ -77,8 +86,7 @@ def _parse_results(path: Path) -> RunResults:
     return RunResults(body["meta"], records)
 
 
-def load_run(source: str, *, what: str = "RUN") -> RunResults:
-    """A run from a report directory, a results.json or a run id of the results store."""
+def _from_file(source: str, what: str) -> RunResults | None:
     path = Path(source)
     if path.is_dir():
         if not (path / "results.json").is_file():
@@ -86,43 +94,55 @@ def load_run(source: str, *, what: str = "RUN") -> RunResults:
         return _parse_results(path / "results.json")
     if path.is_file():
         return _parse_results(path)
-    store = _store()
-    if store is None:
-        raise UsageError(f"{what} {source!r}: no such report directory or results.json, and this "
-                         "checkout has no results store (farm/results_store.py) to look run ids up in")
-    try:
-        return store.load_run(source)
-    except (KeyError, LookupError) as e:
-        raise UsageError(f"{what} {source!r}: no such directory, file or stored run ({e})") from None
+    return None
 
 
-def load_baseline(source: str) -> RunResults:
-    """A baseline: anything ``load_run`` takes, or the name of a baseline in the results store."""
-    try:
-        return load_run(source, what="--compare")
-    except UsageError:
-        store = _store()
-        if store is None or Path(source).exists():
-            raise
-        try:
-            found = store.baseline(source)
-        except (KeyError, LookupError):
-            found = None
-        if found is None:
-            raise UsageError(f"--compare {source!r}: no such report directory, results.json, stored run "
-                             "or named baseline") from None
+def load_run(source: str, *, config_path: str | None = None, what: str = "RUN") -> RunResults:
+    """A run from a report directory, a results.json or a run id of the results store."""
+    found = _from_file(source, what)
+    if found is not None:
         return found
+    with open_store(config_path) as store:
+        if store is None:
+            raise UsageError(f"{what} {source!r}: no such report directory or results.json, and this "
+                             "checkout has no results store (farm/results_store.py) to look run ids up in")
+        try:
+            return store.load_run(source)
+        except UsageError as e:
+            raise UsageError(f"{what} {source!r}: no such report directory or results.json, and {e}") from None
 
 
-def latest_baseline(bundle: str) -> RunResults | None:
+def load_baseline(source: str, *, config_path: str | None = None, what: str = "--compare") -> RunResults:
+    """A baseline: anything ``load_run`` takes, or the name of a baseline in the results store."""
+    found = _from_file(source, what)
+    if found is not None:
+        return found
+    with open_store(config_path) as store:
+        if store is None:
+            raise UsageError(f"{what} {source!r}: no such report directory or results.json, and this "
+                             "checkout has no results store (farm/results_store.py) for runs and "
+                             "baseline names")
+        try:
+            run = store.baseline(source)
+        except UsageError as by_name:
+            try:
+                return store.load_run(source)
+            except UsageError:
+                raise UsageError(f"{what} {source!r}: not a report directory, results.json or stored "
+                                 f"run, and {by_name}") from None
+        run.meta = {**run.meta, "baseline_name": source}
+        return run
+
+
+def latest_baseline(bundle: str, *, config_path: str | None = None) -> RunResults | None:
     """The newest named baseline of ``bundle`` in the results store; None without a store or one."""
-    store = _store()
-    if store is None or not hasattr(store, "latest_baseline"):
+    with open_store(config_path) as store:
+        found = store.latest_baseline(bundle) if store is not None else None
+    if found is None:
         return None
-    try:
-        return store.latest_baseline(bundle)
-    except (KeyError, LookupError):
-        return None
+    info, run = found
+    run.meta = {**run.meta, "baseline_name": info.name}
+    return run
 
 
 # -- writing ------------------------------------------------------------------------------------------
@@ -190,9 +210,11 @@ def gate_options(f):
               help="where to write [default: RUN's report directory, else reports/run-<id>]")
 @click.option("--format", "formats", type=click.Choice(FORMATS), multiple=True,
               help="repeatable [default: html and markdown]")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="farm config, for the results store [default: $PTEFARM_CONFIG or ./farm.toml]")
 @gate_options
-def render(run: str, compare: str | None, out_dir: str | None, formats: tuple[str, ...], min_effect: str,
-           inconclusive: str) -> None:
+def render(run: str, compare: str | None, out_dir: str | None, formats: tuple[str, ...], config_path: str | None,
+           min_effect: str, inconclusive: str) -> None:
     """Write the release qualification report of RUN (HTML page and Markdown summary), or its
     PyTorch benchmark v3 records. Prints each file written; the HTML page's path last.
 
@@ -200,8 +222,8 @@ def render(run: str, compare: str | None, out_dir: str | None, formats: tuple[st
     2 bad input > 3 infrastructure > 0)."""
     import sys
 
-    results = load_run(run)
-    baseline = load_baseline(compare) if compare else None
+    results = load_run(run, config_path=config_path)
+    baseline = load_baseline(compare, config_path=config_path) if compare else None
     if out_dir is None:
         path = Path(run)
         out = path if path.is_dir() else path.parent if path.is_file() else \
