@@ -296,8 +296,8 @@ class ResultsStore:
         return RunResults(meta=json.loads(row["meta"]), records=records)
 
     def list_runs(self, limit: int | None = 20, purpose: str | None = None,
-                  bundle: str | None = None) -> list[RunSummary]:
-        """The latest runs first, optionally of one purpose or one bundle name."""
+                  bundle: str | None = None, run_ids: Sequence[str] | None = None) -> list[RunSummary]:
+        """The latest runs first, optionally of one purpose, one bundle name, or these ids."""
         if purpose is not None and purpose not in PURPOSES:
             raise UsageError(f"purpose {purpose!r} is not one of {', '.join(PURPOSES)}")
         if limit is not None and limit < 1:
@@ -309,6 +309,11 @@ class ResultsStore:
         if bundle is not None:
             where.append("bundle_name = ?")
             params.append(bundle)
+        if run_ids is not None:
+            if not run_ids:
+                return []
+            where.append(f"run_id IN ({', '.join('?' * len(run_ids))})")
+            params.extend(run_ids)
         sql = ("SELECT run_id, started_at, purpose, bundle_name, bundle_digest, git_revision, verdict, "
                "virtual, partial FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "")
                + " ORDER BY started DESC, run_id DESC")

@@ -39,6 +39,7 @@ def _register() -> None:
     from farm.cli import chaos as chaos_cli
     from farm.cli import devices as devices_cli
     from farm.cli import export as export_cli
+    from farm.cli import history as history_cli
     from farm.cli import pool as pool_cli
     from farm.cli import pool_admin  # noqa: F401  (adds tag, prune, watch to `farm pool`)
     from farm.cli import qualify as qualify_cli
@@ -54,6 +55,9 @@ def _register() -> None:
     main.add_command(qualify_cli.qualify)
     main.add_command(chaos_cli.chaos)
     main.add_command(report_cli.report)
+    main.add_command(history_cli.history)
+    main.add_command(history_cli.baseline)
+    main.add_command(history_cli.results)
 
 
 _register()
