@@ -110,7 +110,11 @@ class Qualification:
 
     @property
     def headline(self) -> tuple[str, str]:
-        return HEADLINES[self.exit_code]
+        title, why = HEADLINES[self.exit_code]
+        n = self.gate.count("inconclusive")
+        if n and not self.gate.failed and self.exit_code != ExitCode.INTERRUPTED:
+            why += f"; the regression gate is inconclusive on {n} point(s): more measured runs needed"
+        return title, why
 
     def count(self, outcome: Outcome) -> int:
         return sum(r.outcome == outcome for r in self.records)
@@ -370,6 +374,9 @@ def render_markdown(q: Qualification) -> str:
                           f"{p.threshold:g} {'ok' if p.threshold_ok else 'BELOW'}",
                           "-" if p.base is None else f"{p.base_median:.1f} (n={len(p.base)})",
                           fmt_pct(p.delta), p.verdict, fmt_p(p.p_value)] for p in q.throughput])
+        why = sorted({f"{p.verdict}: {p.reason}" for p in q.throughput
+                      if p.verdict in ("regressed", "inconclusive", "improved")})
+        lines += [f"- {_md(w)}" for w in why[:12]] + ([""] if why else [])
     if q.correctness:
         lines += ["## Correctness (SmartMask vs ShiftPointer)", ""]
         lines += _table(["SoC", "test", "mode", "seq_len", "prompt", "outcome", "first divergence", "note"],
