@@ -9,23 +9,22 @@ float: tokens/second of the last iteration, prefill included, as upstream) and p
 prompt and generated token ids of the last iteration, so comparisons can be exact) and --seed.
 gflags spellings are accepted: `--flag value`, `--flag=value`, `-flag value`.
 Bad input: one line `farm-llama-runner: error: ...` on stderr and exit code 2.
+
+With PTEFARM_RUNNER_ZYGOTE naming a zygote's socket, the run happens in a fork of that zygote, which
+imported torch once (farm/runner/zygote.py); same flags, outputs and exit codes. This module imports
+nothing heavy before that decision: torch comes with farm.runner.engine, in run().
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import sys
 
 from farm.errors import UsageError
-from farm.fileio import write_atomic
 
 PROG = "farm-llama-runner"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, never a usage dump
-        raise UsageError(message)
+ZYGOTE_ENV = "PTEFARM_RUNNER_ZYGOTE"  # a zygote's socket (farm/runner/zygote.py): run there, fast
 
 
 def _flag(p: argparse.ArgumentParser, name: str, **kw) -> None:
@@ -33,8 +32,16 @@ def _flag(p: argparse.ArgumentParser, name: str, **kw) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, allow_abbrev=False, description=__doc__.split("\n")[0],
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    # argparse (and farm.fileio below) are imported where used: a zygote client never parses, and
+    # its start-up is this module's imports.
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str):  # one line, never a usage dump
+            raise UsageError(message)
+
+    p = Parser(prog=PROG, allow_abbrev=False, description=__doc__.split("\n")[0],
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     _flag(p, "model_path", default="kv_llama_qnn.pte", help="the .pte program")
     _flag(p, "tokenizer_path", default="tokenizer.model", help="tiktoken tokenizer.model")
     _flag(p, "decoder_model_version", default="llama3", help="llama2 | llama3 (template, end tokens)")
@@ -53,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _write_atomic(path: str, data: bytes, flag: str) -> None:
+    from farm.fileio import write_atomic
+
     try:
         write_atomic(path, data)
     except OSError as e:
@@ -98,15 +107,36 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def exit_code(argv: list[str]) -> int:
+    """Run in this process; the exit code (also what a zygote's child runs)."""
     try:
-        code = run(sys.argv[1:] if argv is None else argv)
+        return run(argv)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
-        code = 2
+        return 2
     except KeyboardInterrupt:
-        code = 130
-    sys.exit(code)
+        return 130
+
+
+def _via_zygote(socket_path: str, argv: list[str]) -> int | None:
+    """The run's exit code from the zygote at ``socket_path``; None (said on stderr) when it did not
+    take the run. Imports only the standard library: this is the whole start-up of a zygote run."""
+    from farm.runner import zygote
+
+    try:
+        return zygote.run_remote(socket_path, argv)
+    except zygote.NotAnswering as e:
+        print(f"{PROG}: runner zygote {socket_path} not answering ({e}): running in-process",
+              file=sys.stderr)
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    code = None
+    if socket_path := os.environ.get(ZYGOTE_ENV):
+        code = _via_zygote(socket_path, argv)
+    sys.exit(exit_code(argv) if code is None else code)
 
 
 if __name__ == "__main__":
