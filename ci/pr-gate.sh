@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The pull-request gate: the `gate` subset of the farm's suites on the SoCs a pull request must pass,
+# leased from the farm's configured pool (farm.toml / $PTEFARM_CONFIG), `farm qualify --purpose pr`.
+#
+#   ci/pr-gate.sh [--virtual] [--out DIR] [--bundle MANIFEST] [--baseline NAME] [--min-effect PCT]
+#                 [--inconclusive pass|fail] [--config FILE] [SOC...] [-- PYTEST_ARGS]
+#
+# SoCs: the arguments, else $PTEFARM_GATE_SOCS ("SM8650,SM8750"), else ci/gate.toml's [gate] socs
+# ($PTEFARM_GATE_CONFIG names another file). --virtual is a dry run: one fresh virtual device per SoC
+# (SOC:N for N of them) behind a private adb server and pool instead of the farm's phones.
+# Reports land in --out [default: reports/pr-<UTC date-time>]: junit/<device>.xml, summary.md,
+# results.json, report.md, report.html. Then ci/annotations.py prints failures as GitHub annotations
+# (infrastructure errors as warnings titled so) and appends report.md to $GITHUB_STEP_SUMMARY if set.
+# The last line is the HTML report's path. Environment: PTEFARM_BUNDLE (a manifest, default the reference
+# bundle farm exports), PTEFARM_BASELINE (a named baseline to gate throughput against; default none).
+# --config, --min-effect and --inconclusive go to farm qualify as they are.
+#
+# Exit code (farm/exitcodes.py): 0 qualified, 1 test failures, 2 bad usage, 3 infrastructure only,
+# 4 throughput regression, 130 interrupted.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+me=ci/pr-gate.sh
+
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
+bad_usage() { echo "$me: $*" >&2; echo "usage: $me [--virtual] [--out DIR] [--bundle MANIFEST]" \
+  "[--baseline NAME] [--min-effect PCT] [--inconclusive pass|fail] [--config FILE] [SOC...]" \
+  "[-- PYTEST_ARGS]  ($me --help)" >&2; exit 2; }
+
+virtual=0 out="" bundle=${PTEFARM_BUNDLE:-} baseline=${PTEFARM_BASELINE:-}
+socs=() passthrough=() pytest_args=()
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --virtual) virtual=1 ;;
+    --out|--bundle|--baseline|--config|--min-effect|--inconclusive)
+      if [ "$#" -lt 2 ] || [ -z "$2" ]; then bad_usage "$1 needs a value"; fi
+      case "$1" in
+        --out) out=$2 ;; --bundle) bundle=$2 ;; --baseline) baseline=$2 ;; *) passthrough+=("$1" "$2") ;;
+      esac
+      shift ;;
+    --out=*) out=${1#*=} ;;
+    --bundle=*) bundle=${1#*=} ;;
+    --baseline=*) baseline=${1#*=} ;;
+    --config=*|--min-effect=*|--inconclusive=*) passthrough+=("$1") ;;
+    --) shift; pytest_args=("$@"); break ;;
+    -*) bad_usage "unknown option $1" ;;
+    *) socs+=("$1") ;;
+  esac
+  shift
+done
+if [ "${#socs[@]}" -eq 0 ] && [ -n "${PTEFARM_GATE_SOCS:-}" ]; then
+  read -r -a socs <<<"${PTEFARM_GATE_SOCS//,/ }"
+fi
+
+ci/setup.sh || { echo "$me: set-up failed (ci/setup.sh): infrastructure" >&2; exit 3; }
+# shellcheck disable=SC1091
+. .venv/bin/activate
+
+gate_config=${PTEFARM_GATE_CONFIG:-ci/gate.toml}
+gate=$(python - "$gate_config" <<'EOF'
+import sys, tomllib
+path = sys.argv[1]
+try:
+    with open(path, "rb") as f:
+        gate = tomllib.load(f).get("gate", {})
+except (OSError, tomllib.TOMLDecodeError) as e:
+    sys.exit(f"{path}: {e}")
+socs, marker = gate.get("socs", []), gate.get("marker", "gate")
+if not (isinstance(socs, list) and all(isinstance(s, str) for s in socs) and isinstance(marker, str)):
+    sys.exit(f"{path}: [gate] socs must be a list of SoC names and marker a string")
+print(marker)
+print(*socs)
+EOF
+) || bad_usage "cannot read the gate config $gate_config"
+marker=${gate%%$'\n'*}
+if [ "${#socs[@]}" -eq 0 ]; then
+  read -r -a socs <<<"${gate#*$'\n'}"
+fi
+[ "${#socs[@]}" -gt 0 ] || bad_usage "no SoC to gate on (arguments, PTEFARM_GATE_SOCS or $gate_config)"
+for soc in "${socs[@]}"; do
+  if [ "$virtual" = 1 ]; then pattern='^[A-Za-z0-9]+(:[1-9][0-9]*)?$'; else pattern='^[A-Za-z0-9]+$'; fi
+  [[ "$soc" =~ $pattern ]] || bad_usage "bad SoC '$soc' (a name like SM8650$([ "$virtual" = 1 ] && echo ', or SM8650:2'))"
+done
+
+out=${out:-reports/pr-$(date -u +%Y%m%d-%H%M%S)}
+args=(qualify --purpose pr --priority pr --out "$out")
+for soc in "${socs[@]}"; do
+  if [ "$virtual" = 1 ]; then args+=(--virtual "$soc"); else args+=(--soc "$soc"); fi
+done
+[ -z "$bundle" ] || args+=(--bundle "$bundle")
+[ -z "$baseline" ] || args+=(--baseline "$baseline")
+args+=(${passthrough[@]+"${passthrough[@]}"})
+args+=(-- -m "$marker" ${pytest_args[@]+"${pytest_args[@]}"})
+echo "$me: gate on ${socs[*]}$([ "$virtual" = 1 ] && echo ' (virtual devices)'), config" \
+  "${PTEFARM_CONFIG:-./farm.toml if present}" >&2
+echo "+ farm ${args[*]}" >&2
+
+code=0
+farm "${args[@]}" || code=$?
+python ci/annotations.py "$out" --exit-code "$code" \
+  || echo "$me: warning: ci/annotations.py failed; the report is in $out" >&2
+if [ -f "$out/report.html" ]; then
+  realpath -- "$out/report.html"  # the last line: where the report is
+fi
+exit "$code"
