@@ -24,7 +24,7 @@ PROBE_TIMEOUT_S = 20.0
 PROPS = (
     "ro.soc.model", "ro.soc.manufacturer", "ro.board.platform", "ro.product.model",
     "ro.build.version.release", "ro.build.version.sdk", "ro.product.cpu.abi",
-    "ro.ptefarm.virtual", "ro.ptefarm.workspace",
+    "ro.ptefarm.virtual", "ro.ptefarm.workspace", "ro.ptefarm.confined",
 )
 
 # One shell call for everything but the properties; sections start with "@@name".
@@ -52,6 +52,7 @@ class DeviceInfo:
     sdk: int | None = None
     abi: str | None = None
     virtual: bool = False
+    confined: bool | None = None  # a virtual device: False when it runs unconfined (degraded mode)
     workspace: str | None = None
     free_bytes: int | None = None
     battery_level: int | None = None
@@ -88,8 +89,17 @@ class Device(DeviceTransport):
         return self.props().get("ro.ptefarm.virtual") == "1"
 
     @property
+    def confined(self) -> bool | None:
+        """For a virtual device: whether its commands run in its own Android view (False: degraded
+        mode, on the host). None for a phone."""
+        if not self.is_virtual:
+            return None
+        return self.props().get("ro.ptefarm.confined") != "0"
+
+    @property
     def workspace(self) -> str:
-        """The farm's workspace on this device; a virtual device names its own (a host path)."""
+        """The farm's workspace on this device; a virtual device names its own (an Android path, or a
+        host path when it runs unconfined)."""
         own = self.props().get("ro.ptefarm.workspace") if self.is_virtual else None
         return own or self.workspace_root
 
@@ -116,7 +126,7 @@ class Device(DeviceTransport):
             model=props.get("ro.product.model") or None,
             android_release=props.get("ro.build.version.release") or None,
             sdk=int(sdk) if sdk.isdigit() else None, abi=props.get("ro.product.cpu.abi") or None,
-            virtual=self.is_virtual, workspace=ws, free_bytes=parse_df(sections.get("df", "")),
+            virtual=self.is_virtual, confined=self.confined, workspace=ws, free_bytes=parse_df(sections.get("df", "")),
             battery_level=battery[0], battery_temp_c=battery[1],
             thermal=parse_thermal(sections.get("thermal", "")))
 

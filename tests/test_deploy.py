@@ -29,8 +29,9 @@ def _device(vf, record):
     return find_device([vf.adb_server], record.serial)
 
 
-def _ws(device, bundle) -> Path:
-    return Path(bundle_workspace(device, bundle))  # a virtual device's workspace is a host path
+def _ws(vf, device, bundle) -> Path:
+    """The bundle's workspace on the host: where the virtual device keeps its /data/... path."""
+    return vf.device(device.serial).host_path(bundle_workspace(device, bundle))
 
 
 def test_first_deploy_pushes_second_pushes_nothing(farm2, tmp_path, monkeypatch):
@@ -49,7 +50,7 @@ def test_first_deploy_pushes_second_pushes_nothing(farm2, tmp_path, monkeypatch)
     wanted = bundle.files_for("v75")
     assert first.files_pushed == len(wanted) and first.files_skipped == 0
     assert first.bytes_pushed == sum(f.size for f in wanted)
-    ws = _ws(device, bundle)
+    ws = _ws(vf, device, bundle)
     for f in wanted:
         assert (ws / f.name).read_bytes() == f.path.read_bytes()
     assert os.access(ws / "qnn_llama_runner", os.X_OK)
@@ -70,7 +71,7 @@ def test_file_altered_on_device_is_pushed_again(farm2, tmp_path):
     bundle = bundle_mod.load(make_qnn_bundle(tmp_path / "b", name="alter-test"))
     device = _device(vf, recs["SM8650"])
     deploy(device, bundle)
-    ws = _ws(device, bundle)
+    ws = _ws(vf, device, bundle)
     pte = ws / "kv.pte"
     original = pte.read_bytes()
     pte.write_bytes(original[:-1] + b"X")  # same size, new content (and a new mtime)
@@ -96,7 +97,7 @@ def test_lost_record_costs_hashing_not_pushing(farm2, tmp_path):
     bundle = bundle_mod.load(make_qnn_bundle(tmp_path / "b", name="record-test"))
     device = _device(vf, recs["SM8550"])
     deploy(device, bundle)
-    (_ws(device, bundle) / RECORD_NAME).write_text("{not json")
+    (_ws(vf, device, bundle) / RECORD_NAME).write_text("{not json")
     report = deploy(device, bundle)
     assert report.files_pushed == 0 and report.files_hashed == len(bundle.files_for("v73"))
     assert deploy(device, bundle).files_hashed == 0  # the record was rewritten
@@ -108,7 +109,7 @@ def test_qnn_libraries_follow_the_htp_arch(farm2, tmp_path):
     for soc, arch, other in (("SM8550", "v73", "v75"), ("SM8650", "v75", "v73")):
         device = _device(vf, recs[soc])
         deploy(device, bundle)
-        ws = _ws(device, bundle)
+        ws = _ws(vf, device, bundle)
         assert (ws / f"libQnnHtpV{arch[1:]}Stub.so").read_text() == f"stub {arch}"
         assert (ws / "libQnnHtp.so").read_text() == f"htp {arch}"
         assert not (ws / f"libQnnHtpV{other[1:]}Stub.so").exists()
@@ -120,7 +121,7 @@ def test_device_of_an_arch_the_bundle_lacks_is_refused(farm2, tmp_path):
     device = _device(vf, recs["SM8650"])
     with pytest.raises(UsageError, match=r"QNN libraries for v79 only; device .* \(SM8650\) is v75"):
         deploy(device, bundle)
-    assert not _ws(device, bundle).exists()
+    assert not _ws(vf, device, bundle).exists()
 
 
 @pytest.mark.parametrize("bad_name", ["../escape.pte", "/etc/evil", "a/../../b"])
@@ -132,7 +133,7 @@ def test_names_escaping_the_workspace_are_refused_before_any_push(farm2, tmp_pat
     device = _device(vf, recs["SM8650"])
     with pytest.raises(UsageError, match="escapes the workspace|is absolute"):
         deploy(device, bundle)
-    assert not _ws(device, bundle).exists()
+    assert not _ws(vf, device, bundle).exists()
 
 
 def test_bundle_name_must_be_one_component(farm2, tmp_path):
@@ -153,7 +154,7 @@ def test_dropped_connection_mid_push_is_infra_and_leaves_no_half_file(tmp_path):
         with pytest.raises(InfraError) as caught:
             deploy(device, bundle, timeout=10)
         assert not isinstance(caught.value, UsageError)
-        ws = _ws(device, bundle)
+        ws = _ws(vf, device, bundle)
         assert not (ws / "kv.pte").exists() and not (ws / "hybrid.pte").exists()
 
         vf.clear_faults(record.serial)
@@ -173,7 +174,7 @@ def test_full_disk_is_an_adb_error_naming_the_device(tmp_path):
         vf.set_faults(record.serial, disk_full_after_bytes=50_000)
         with pytest.raises(AdbError, match=f"{record.serial}.*(No space|space)"):
             deploy(device, bundle, timeout=10)
-        assert not (_ws(device, bundle) / "kv.pte").exists()
+        assert not (_ws(vf, device, bundle) / "kv.pte").exists()
 
 
 def test_too_little_free_space_is_refused_before_pushing(tmp_path):

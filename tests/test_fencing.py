@@ -155,7 +155,7 @@ def test_holder_stopped_past_its_ttl_never_acts_again(pool_url, virtual_farm, tm
 
     (record,) = virtual_farm.up([VirtualDeviceSpec(soc="SM8650")])
     ttl = 1.5
-    log_file = record.workspace / "fence.log"
+    log_file = record.host_path(f"{record.workspace}/fence.log")
     with Pool.open(pool_url, poll_s=0.02) as pool:
         pool.sync(discover([virtual_farm.adb_server]), [virtual_farm.adb_server])
         env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}

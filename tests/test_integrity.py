@@ -218,8 +218,9 @@ def _device(vf, record):
     return find_device([vf.adb_server], record.serial)
 
 
-def _ws(device, bundle) -> Path:
-    return Path(bundle_workspace(device, bundle))  # a virtual device's workspace is a host path
+def _ws(vf, device, bundle) -> Path:
+    """The bundle's workspace on the host: where the virtual device keeps its /data/... path."""
+    return vf.device(device.serial).host_path(bundle_workspace(device, bundle))
 
 
 def _record(ws: Path) -> dict:
@@ -238,7 +239,7 @@ def test_deploy_refuses_corrupt_host_file_then_pushes_the_restored_one(device_fa
         deploy(device, bundle)
     message = str(caught.value)
     assert str(pte) in message and _sha(good) in message and bad_sha in message
-    ws = _ws(device, bundle)
+    ws = _ws(vf, device, bundle)
     assert not (ws / "kv.pte").exists()  # nothing corrupt under the real name
     assert not [p for p in ws.iterdir() if PARTIAL_SUFFIX in p.name]
     assert not (ws / RECORD_NAME).exists() or "kv.pte" not in _record(ws)
@@ -259,7 +260,7 @@ def test_a_corrupt_file_never_replaces_a_good_one_on_the_device(device_farm, tmp
     bundle = bundle_mod.load(manifest)
     device = _device(vf, rec)
     deploy(device, bundle)
-    ws = _ws(device, bundle)
+    ws = _ws(vf, device, bundle)
     pte = manifest.parent / "kv.pte"
     good = pte.read_bytes()
     (ws / "kv.pte").write_bytes(b"x" * len(good))  # the device's copy is damaged: a push is due ...
@@ -277,7 +278,7 @@ def test_leftover_temp_files_of_any_shape_are_removed(device_farm, tmp_path):
     vf, rec = device_farm
     bundle = bundle_mod.load(make_qnn_bundle(tmp_path / "b", name="leftovers"))
     device = _device(vf, rec)
-    ws = _ws(device, bundle)
+    ws = _ws(vf, device, bundle)
     ws.mkdir(parents=True, exist_ok=True)
     leftovers = ["kv.pte" + PARTIAL_SUFFIX, f".kv.pte{PARTIAL_SUFFIX}{PARTIAL_SUFFIX}-4242",
                  f".{RECORD_NAME}{PARTIAL_SUFFIX}.ptefarm-partial-7"]
@@ -326,7 +327,7 @@ def test_full_device_is_infra_naming_device_and_bytes(tmp_path):
         message = str(caught.value)
         assert isinstance(caught.value, InfraError) and caught.value.serial == record.serial
         assert record.serial in message and f"needs {need} bytes" in message, message
-        ws = _ws(device, bundle)
+        ws = _ws(vf, device, bundle)
         assert not (ws / RECORD_NAME).exists()  # nothing half-deployed counted as deployed
         assert not [p for p in ws.iterdir() if PARTIAL_SUFFIX in p.name]
         vf.clear_faults(record.serial)

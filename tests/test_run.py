@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
@@ -40,7 +39,7 @@ def fake(tmp_path_factory):
 
 
 def test_hostile_prompts_reach_the_runner_byte_exact(fake, tmp_path):
-    _, device, bundles = fake
+    vf, device, bundles = fake
     bundle = bundles["qnn-v1.0"]
     result = run(device, bundle, RunRequest(prompts=HOSTILE, system_prompt="sys 'x' $(y)",
                                             mode="hybrid", updater="ShiftPointer"),
@@ -53,8 +52,8 @@ def test_hostile_prompts_reach_the_runner_byte_exact(fake, tmp_path):
     assert argv[argv.index("--eval_mode") + 1] == "1"
     assert report["model"].startswith("hybrid-model")  # the runner opened the deployed .pte
     assert report["env"] == {"LD_LIBRARY_PATH": ".", "ADSP_LIBRARY_PATH": "."}
-    ws = Path(bundle_workspace(device, bundle))
-    assert report["cwd"] == str(ws)
+    assert report["cwd"] == bundle_workspace(device, bundle)  # the device's path, as it sees it
+    ws = vf.host_path(device.serial, bundle_workspace(device, bundle))
     assert not list(ws.glob("pwned*")) and not (ws / "redirected").exists()  # nothing was executed
     assert result.exit_code == 0 and result.serial == device.serial
     assert result.tokens_per_s == 50.0  # the fake runner's figure for ShiftPointer
@@ -83,9 +82,9 @@ def test_failing_runner_is_runner_failed_not_infra(fake):
 
 
 def test_hung_runner_is_killed_at_the_timeout(fake):
-    _, device, bundles = fake
+    vf, device, bundles = fake
     bundle = bundles["qnn-v1.0"]
-    run_dir = Path(bundle_workspace(device, bundle)) / "runs" / "hang-1"
+    run_dir = vf.host_path(device.serial, bundle_workspace(device, bundle)) / "runs" / "hang-1"
     pids: list[int] = []
 
     def read_pid() -> None:  # the run dir is removed after the kill: read the pid while it runs
@@ -99,11 +98,16 @@ def test_hung_runner_is_killed_at_the_timeout(fake):
     with alongside(read_pid), pytest.raises(DeviceTimeout):
         run(device, bundle, RunRequest(prompts=["HANG"]), timeout=2, run_id="hang-1")
     assert not run_dir.exists(), "the timed-out run's directory is left on the device"
-    (pid,) = pids
+    (pid,) = pids  # a pid of the device's own pid namespace: ask the device
+
+    def alive() -> bool:
+        return device.shell(f"kill -0 {pid} 2>/dev/null && echo alive; true", timeout=10).out.strip() \
+            == "alive"
+
     deadline = time.monotonic() + 10
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+    while alive() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not Path(f"/proc/{pid}").exists(), "the hung runner is still alive"
+    assert not alive(), "the hung runner is still alive"
     # The device is still usable for the next run.
     assert run(device, bundle, RunRequest(prompts=["after"]), timeout=60).exit_code == 0
 
@@ -114,7 +118,8 @@ def test_device_killed_mid_run_is_infra(tmp_path):
         (record,) = vf.up([VirtualDeviceSpec(soc="SM8650")])
         device = find_device([vf.adb_server], record.serial)
         deploy(device, bundle)
-        pidfile = Path(bundle_workspace(device, bundle)) / "runs" / "victim" / "runner.pid"
+        pidfile = vf.host_path(record.serial, bundle_workspace(device, bundle)) / "runs" / "victim" \
+            / "runner.pid"
 
         def kill_when_running() -> None:
             deadline = time.monotonic() + 30

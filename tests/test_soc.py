@@ -39,7 +39,7 @@ def test_every_virtual_profile_has_an_htp_arch(tmp_path):
     for soc, profile in SOC_PROFILES.items():
         assert profile.soc == soc and htp_arch(soc) == profile.htp_arch is not None
         for platform_only in (False, True):
-            props = make_identity(VirtualDeviceSpec(soc=soc, platform_only=platform_only), tmp_path).props
+            props = make_identity(VirtualDeviceSpec(soc=soc, platform_only=platform_only)).props
             assert htp_arch(soc_from_props(props)) == profile.htp_arch, (soc, platform_only)
 
 

@@ -32,8 +32,9 @@ def _big_push(farm_and_device, tmp_path, mib: int, folder: str, **faults):
     vf.set_faults(dev.serial, **faults)
     src = tmp_path / "big.bin"
     src.write_bytes(os.urandom(mib << 20))
-    target = dev.workspace / folder / "big.bin"
-    return vf, dev, src, target, lambda: vf.client().device(dev.serial).sync.push(src, str(target))
+    remote = f"{dev.workspace}/{folder}/big.bin"
+    target = dev.host_path(remote)  # where the device keeps it, checked on the host
+    return vf, dev, src, target, lambda: vf.client().device(dev.serial).sync.push(src, remote)
 
 
 def test_drop_after_bytes_fails_push_and_leaves_no_file(farm_and_device, tmp_path):
@@ -57,15 +58,16 @@ def test_disk_full_gives_clean_push_failure(farm_and_device, tmp_path):
                                            disk_full_after_bytes=1 << 20)
     with pytest.raises(adbutils.AdbError):
         push()
+    remote = f"{dev.workspace}/full/big.bin"
     cli = subprocess.run([adb_binary(), "-P", str(vf.adb_server.port), "-s", dev.serial, "push",
-                          str(src), str(target)], env=vf.server.env(), capture_output=True,
+                          str(src), remote], env=vf.server.env(), capture_output=True,
                          text=True, timeout=60, check=False)
     assert cli.returncode != 0
     assert "No space left on device" in cli.stderr + cli.stdout
     assert _leftovers(target.parent) == []
     # the transport is still fine, and small files still fit
     device = vf.client().device(dev.serial)
-    device.sync.push(b"small", str(target))
+    device.sync.push(b"small", remote)
     assert target.read_bytes() == b"small"
 
 
@@ -85,14 +87,14 @@ def test_slow_device_still_delivers(farm_and_device):
     vf.set_faults(dev.serial, slow_bytes_per_s=4 << 20)
     device = vf.client().device(dev.serial)
     data = os.urandom(256 << 10)
-    device.sync.push(data, str(dev.workspace / "slow.bin"))
-    assert device.sync.read_bytes(str(dev.workspace / "slow.bin")) == data
+    device.sync.push(data, f"{dev.workspace}/slow.bin")
+    assert device.sync.read_bytes(f"{dev.workspace}/slow.bin") == data
 
 
 def test_kill_and_restart_keeps_state(farm_and_device):
     vf, dev = farm_and_device
     device = vf.client().device(dev.serial)
-    device.sync.push(b"survives", str(dev.workspace / "kept.txt"))
+    device.sync.push(b"survives", f"{dev.workspace}/kept.txt")
     vf.kill(dev.serial)
     assert not is_device_process(dev.pid, dev.root)
     vf.server.wait_for_state(dev.serial, "offline", timeout=30)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from farm.virtual import VirtualDeviceSpec
 
 
@@ -48,8 +46,9 @@ def test_features_and_workspace(shared_virtual_farm):
     features = set(d.get_features().split(","))
     assert {"shell_v2", "stat_v2", "ls_v2", "fixed_push_mkdir"} <= features
     workspace = d.shell("getprop ro.ptefarm.workspace")
-    assert Path(workspace) == r.workspace and r.workspace.is_dir()
-    assert d.shell("pwd") == str(r.root)  # commands run in the device root
+    assert workspace == r.workspace == "/data/local/tmp/ptefarm"  # an Android path, as on a phone
+    assert r.host_path(workspace).is_dir() and d.shell(f"test -d {workspace} && echo yes") == "yes"
+    assert d.shell("pwd") == "/"  # commands run at / of the device's view, as adb shell on a phone
 
 
 def test_dumpsys_battery(shared_virtual_farm):

@@ -71,25 +71,24 @@ def test_empty_command_is_refused(device):
 
 
 def test_command_killed_when_client_times_out(shared_virtual_farm, device, tmp_path):
-    root = shared_virtual_farm.devices[0].root
-    marker = root / "data" / f"pgid-{os.getpid()}"
+    """The device's commands share one pid namespace, as a phone's do: a later command sees (and
+    here checks) the pid an earlier one wrote."""
+    remote = f"/data/local/tmp/pgid-{os.getpid()}"
+    marker = shared_virtual_farm.devices[0].host_path(remote)
     marker.unlink(missing_ok=True)
-    cmd = f"echo $$ > {shlex.quote(str(marker))}; sleep 300 & sleep 300; wait"
+    cmd = f"echo $$ > {shlex.quote(remote)}; sleep 300 & sleep 300; wait"
     with pytest.raises(adbutils.AdbTimeout):
         device.shell(cmd, timeout=1.0)
-    pgid = int(marker.read_text())
+    pid = int(marker.read_text())
     deadline = time.monotonic() + 30  # eventual, not a timing assertion
-    while time.monotonic() < deadline and _group_alive(pgid):
+    while time.monotonic() < deadline and _alive_on_device(device, pid):
         time.sleep(0.05)
-    assert not _group_alive(pgid), f"process group {pgid} survived the closed stream"
+    assert not _alive_on_device(device, pid), f"command {pid} survived the closed stream"
+    assert device.shell2("ps -A -o args | grep -c '^sleep 300'", v2=True).stdout.strip() == "0"
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+def _alive_on_device(device, pid: int) -> bool:
+    return device.shell2(f"kill -0 {pid}", v2=True).returncode == 0
 
 
 def test_adb_cli_shell_stdin_and_exit_code(shared_virtual_farm):

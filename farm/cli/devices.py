@@ -65,7 +65,7 @@ def _device_row(d: DeviceInfo, with_server: bool) -> list[str]:
     row = [d.serial] + ([d.server] if with_server else [])
     return row + [d.state if not d.error else f"error: {d.error}", d.soc or "", d.htp_arch or "",
                   d.model or "", f"{d.android_release or '?'}/{d.sdk or '?'}" if ready else "",
-                  "yes" if d.virtual else "", _gb(d.free_bytes),
+                  ("unconfined" if d.confined is False else "yes") if d.virtual else "", _gb(d.free_bytes),
                   "" if d.battery_level is None else f"{d.battery_level}%", temps]
 
 

@@ -76,7 +76,8 @@ def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool) -> N
     for r in started:
         props = load_identity(r.root).props
         table.add_row(r.serial, props.get("ro.soc.model", "-"), props["ro.board.platform"],
-                      props["ro.product.model"], str(r.pid), str(r.workspace))
+                      props["ro.product.model"], str(r.pid),
+                      r.workspace + ("" if r.confined else " (unconfined)"))
     Console().print(table)
     click.echo(f"use: ANDROID_ADB_SERVER_PORT={vf.adb_server.port} adb devices")
     _sync_pool(vf.adb_server)
@@ -108,9 +109,10 @@ def ls(as_json: bool) -> None:
                         for s in statuses]}, indent=1))
         return
     table = Table(title=f"virtual devices on adb server {vf.adb_server}")
-    for col in ("serial", "SoC", "pid", "process", "adb state", "root"):
+    for col in ("serial", "SoC", "pid", "process", "adb state", "confinement", "root"):
         table.add_column(col)
     for s in statuses:
         table.add_row(s.process.serial, s.process.soc, str(s.process.pid),
-                      "running" if s.alive else "dead", s.adb_state, str(s.process.root))
+                      "running" if s.alive else "dead", s.adb_state,
+                      "view" if s.process.confined else "unconfined", str(s.process.root))
     Console().print(table)

@@ -2,10 +2,16 @@
 
     python -m farm.virtual.device --root R [--port P] [--exit-with-pid PID]
 
-Everything about the device is in its root directory R (written by :mod:`farm.virtual.identity`):
-``spec.json`` (properties, free space), ``bin/`` (getprop, dumpsys, ...), ``data/local/tmp/ptefarm``
-(the workspace), ``faults.json`` (optional). Once listening it writes ``run.json`` with its pid and
-port; the manager waits for that file.
+Everything about the device is in its root directory R (laid out by :mod:`farm.virtual.identity`):
+``spec.json`` (properties, free space), ``phone.json`` (battery, thermals), ``data/`` (its
+``/data``), ``faults.json`` (optional). At start it checks that it can confine its commands
+(farm.virtual.confine; exit 3 naming what is missing, unless PTEFARM_VIRTUAL_UNCONFINED=1), writes
+``system/`` and creates its Android view. This process stays on the host; every shell command and
+every sync session runs inside the view. Once listening it writes ``run.json`` with its pid, port and
+whether it is confined; the manager waits for that file.
+
+``adb reboot`` (the ``reboot:`` service) re-executes this process: same pid and port, same storage,
+new namespaces; the adb server sees the device go and come back.
 """
 
 from __future__ import annotations
@@ -19,13 +25,24 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 from farm import procs
 from farm.errors import UsageError
 from farm.fileio import write_atomic
+from farm.virtual.confine import (
+    STORAGE_REL,
+    AndroidView,
+    ConfinementUnavailable,
+    Namespaces,
+    find_tools,
+    host_runtime_paths,
+    probe,
+    unconfined_requested,
+)
 from farm.virtual.faults import NO_FAULTS, Faults, read_faults
-from farm.virtual.identity import DeviceIdentity, load_identity
+from farm.virtual.identity import DeviceIdentity, install_system, load_identity, runtime_props
 from farm.virtual.protocol import (
     A_CLSE,
     A_CNXN,
@@ -40,10 +57,12 @@ from farm.virtual.protocol import (
 )
 from farm.virtual.shell import CommandContext, kill_commands, parse_shell_service, run_shell
 from farm.virtual.stream import Stream
-from farm.virtual.sync import SyncService
+from farm.virtual.sync import serve_sync
 
 RUN_FILE = "run.json"
 PGID_DIR = "run/commands"
+EXIT_UNCONFINABLE = 3   # the device cannot confine its commands (and was not told to run without)
+REBOOT_DOWN_S = 1.0     # how long a rebooting device stays away: the server must notice it went
 log = logging.getLogger("farm.virtual.device")  # also when run as __main__
 
 
@@ -53,30 +72,62 @@ def device_argv(root: Path, port: int = 0, exit_with_pid: int | None = None) -> 
     return procs.module_argv("farm.virtual.device", "--root", str(root), "--port", str(port), *owner)
 
 
-def command_env(root: Path) -> dict[str, str]:
-    """Environment of device commands: our tools first, then the venv (console scripts such as
-    farm-llama-runner), then the usual system PATH."""
+def unconfined_env(root: Path) -> dict[str, str]:
+    """Environment of an unconfined device's commands (degraded mode): host paths into its root for
+    the tools (getprop, dumpsys read these variables), then the venv, then the system PATH."""
     system_path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-    path = os.pathsep.join([str(root / "bin"), os.path.dirname(sys.executable), system_path])
+    storage = root / STORAGE_REL
     return {
-        "PATH": path,
-        "HOME": str(root / "data"),
-        "TMPDIR": str(root / "data" / "local" / "tmp"),
+        "PATH": os.pathsep.join([str(root / "system" / "bin"), os.path.dirname(sys.executable),
+                                 system_path]),
+        "HOME": str(storage),
+        "TMPDIR": str(storage / "local" / "tmp"),
         "LANG": "C.UTF-8",
-        "ANDROID_DATA": str(root / "data"),
+        "ANDROID_DATA": str(storage),
+        "ANDROID_ROOT": str(root / "system"),
+        "PTEFARM_SYSFS": str(root / "sys"),
         "PTEFARM_VIRTUAL_ROOT": str(root),
+        "PYTHONPATH": procs.farm_env({})["PYTHONPATH"],
     }
 
 
 class VirtualDevice:
-    def __init__(self, root: Path, identity: DeviceIdentity):
+    """One device. ``confined``: its commands and sync sessions run inside its Android view (the
+    namespaces are created here, so construct it on the main thread)."""
+
+    def __init__(self, root: Path, identity: DeviceIdentity, *, confined: bool):
         self.root = root
         self.identity = identity
+        self.confined = confined
+        self.props = runtime_props(identity, root, confined)
+        install_system(root, self.props, identity.free_bytes)
         self.banner = device_banner(identity.props)
         (root / PGID_DIR).mkdir(parents=True, exist_ok=True)
-        self.ctx = CommandContext(root=root, env=command_env(root), pgid_dir=root / PGID_DIR)
+        self.namespaces: Namespaces | None = None
+        if confined:
+            view = AndroidView(root=root, hostname=identity.props.get("ro.product.device", "android"),
+                               host_ro=host_runtime_paths())
+            self.namespaces = Namespaces(view, find_tools())
+            self.namespaces.start()
+            self.ctx = CommandContext(cwd=root, env=view.command_env(), pgid_dir=root / PGID_DIR,
+                                      shell="/system/bin/sh", enter=self.namespaces.enter_argv)
+        else:
+            self.ctx = CommandContext(cwd=root, env=unconfined_env(root), pgid_dir=root / PGID_DIR,
+                                      shell="/bin/sh")
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
+        self.reboot_requested = threading.Event()
+
+    def sync_argv(self, faults: Faults) -> list[str]:
+        """The sync worker of one session: inside the view, or confined by path on the host."""
+        limit = min((n for n in (faults.disk_full_after_bytes, self.identity.free_bytes)
+                     if n is not None), default=None)
+        argv = [sys.executable, "-S", "-m", "farm.virtual.syncd"]
+        if limit is not None:
+            argv += ["--limit-bytes", str(limit)]
+        if not self.confined:
+            argv += ["--confine", str(self.root / STORAGE_REL)]
+        return self.ctx.enter(argv)
 
     def faults(self) -> Faults:
         try:
@@ -111,6 +162,8 @@ class VirtualDevice:
         if self._listener is not None:
             self._listener.close()
         kill_commands(self.root / PGID_DIR)
+        if self.namespaces is not None:
+            self.namespaces.stop()  # ends whatever still runs inside
 
     # --- one transport (TCP connection from the adb server) ----------------------------------
     def _serve_connection(self, sock: socket.socket) -> None:
@@ -167,11 +220,19 @@ class VirtualDevice:
         service = payload.rstrip(b"\0").decode("utf-8", "surrogateescape")
         faults = self.faults()
         if service == "sync:":
+            argv = self.sync_argv(faults)
+
             def target(stream: Stream) -> None:
-                SyncService(stream, self.root, self.faults, self.identity.free_bytes).serve()
+                serve_sync(stream, argv, self.ctx.env, cwd=self.ctx.cwd)
         elif (request := parse_shell_service(service)) is not None:
             def target(stream: Stream) -> None:
                 run_shell(stream, request, self.ctx)
+        elif service.startswith("reboot:"):
+            def target(stream: Stream) -> None:
+                log.info("reboot requested (%r)", service)
+                stream.close()
+                self.reboot_requested.set()
+                self.stop()  # serve_forever returns; main() re-executes the process
         else:
             log.info("refusing service %r", service)
             transport.send(A_CLSE, 0, remote_id)
@@ -184,8 +245,20 @@ class VirtualDevice:
         threading.Thread(target=target, args=(stream,), daemon=True).start()
 
 
-def _write_run_file(root: Path, port: int) -> None:
-    write_atomic(root / RUN_FILE, json.dumps({"pid": os.getpid(), "port": port}))
+def _write_run_file(root: Path, port: int, confined: bool) -> None:
+    # "boot": tells a reboot (same pid) from the previous boot.
+    write_atomic(root / RUN_FILE, json.dumps({"pid": os.getpid(), "port": port,
+                                              "confined": confined, "boot": time.time_ns()}))
+
+
+def decide_confinement() -> bool:
+    """True: confine (bwrap works here). False: run unconfined, as PTEFARM_VIRTUAL_UNCONFINED=1 asks.
+    ConfinementUnavailable otherwise, naming what is missing."""
+    if unconfined_requested():
+        log.warning("PTEFARM_VIRTUAL_UNCONFINED=1: commands run on the host, unconfined (degraded)")
+        return False
+    probe(find_tools())
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,10 +273,19 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     root = args.root.resolve()
     try:
-        device = VirtualDevice(root, load_identity(root))
-        port = device.listen(args.port)
+        confined = decide_confinement()
+        device = VirtualDevice(root, load_identity(root), confined=confined)
+    except ConfinementUnavailable as e:
+        print(f"farm.virtual.device: {root}: {e}", file=sys.stderr)
+        return EXIT_UNCONFINABLE
     except (UsageError, OSError) as e:
         print(f"farm.virtual.device: {root}: {e}", file=sys.stderr)
+        return 2
+    try:
+        port = device.listen(args.port)
+    except OSError as e:
+        device.stop()
+        print(f"farm.virtual.device: {root}: port {args.port}: {e}", file=sys.stderr)
         return 2
 
     def stop_and_exit() -> None:
@@ -215,9 +297,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.exit_with_pid:
         # A test session killed -9 leaves nothing behind.
         procs.watch_owner(args.exit_with_pid, stop_and_exit)
-    _write_run_file(root, port)
-    log.info("device %s listening on 127.0.0.1:%d", device.identity.props["ro.serialno"], port)
+    _write_run_file(root, port, confined)
+    log.info("device %s listening on 127.0.0.1:%d (%s)", device.identity.props["ro.serialno"], port,
+             "confined" if confined else "UNCONFINED")
     device.serve_forever()
+    if device.reboot_requested.is_set():
+        # Same pid (the manager keeps tracking it), same port and storage; new namespaces. Our
+        # sockets are close-on-exec: the server sees the transport drop and reconnects by itself.
+        time.sleep(REBOOT_DOWN_S)
+        log.info("rebooting")
+        sys.stderr.flush()
+        argv = device_argv(root, port, args.exit_with_pid)
+        os.execv(argv[0], argv)
     return 0
 
 

@@ -1,25 +1,33 @@
 """Who a virtual device is: its properties per SoC, and the root directory that holds them.
 
-The root directory R of a device contains ``spec.json`` (its properties and free space), ``bin/``
-(tiny imitations of Android's getprop, dumpsys and df) and ``data/local/tmp/ptefarm``, the workspace,
-which the device announces as a host path in ``ro.ptefarm.workspace`` since its commands run on the host.
+The root directory R of a device (host side) holds its bookkeeping, outside the device's view:
+``spec.json`` (properties, free space), ``phone.json`` (battery, thermals: farm.virtual.phone),
+``faults.json``, ``run.json``, ``device.log``. The rest is what the view (farm.virtual.confine) is made
+of: ``data/`` (``/data`` inside; the workspace is ``/data/local/tmp/ptefarm``, announced in
+``ro.ptefarm.workspace``), ``system/`` (``/system``: build.prop and tiny imitations of getprop,
+dumpsys, df), ``etc/`` and ``sys/class/``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
-import shlex
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from farm.config import DEFAULT_WORKSPACE
 from farm.errors import UsageError
 from farm.fileio import write_atomic
 from farm.soc import HTP_ARCH_BY_SOC, PLATFORM_BY_SOC
+from farm.virtual.confine import ETC_REL, MEDIA_REL, SHELL_UID, STORAGE_REL, SYSTEM_REL
+from farm.virtual.phone import PHONE_FILE, PhoneState, load_phone, render_sysfs, save_phone
 
 SPEC_FILE = "spec.json"
-WORKSPACE_REL = "data/local/tmp/ptefarm"
+# The workspace relative to /data (the config's default workspace is under /data/local/tmp).
+WORKSPACE_IN_DATA = DEFAULT_WORKSPACE.removeprefix("/data/")
 
 
 @dataclass(frozen=True)
@@ -99,7 +107,7 @@ class DeviceIdentity:
         return self.props["ro.serialno"]
 
 
-def make_identity(spec: VirtualDeviceSpec, root: Path) -> DeviceIdentity:
+def make_identity(spec: VirtualDeviceSpec) -> DeviceIdentity:
     p = spec.profile()
     model = spec.model or p.model
     serialno = spec.serial_hint or f"V{p.soc[2:]}{secrets.token_hex(4).upper()}"
@@ -119,7 +127,6 @@ def make_identity(spec: VirtualDeviceSpec, root: Path) -> DeviceIdentity:
         "ro.product.cpu.abi": "arm64-v8a",
         "ro.serialno": serialno,
         "ro.ptefarm.virtual": "1",
-        "ro.ptefarm.workspace": str(root / WORKSPACE_REL),
     }
     if not spec.platform_only:
         props["ro.soc.model"] = p.soc
@@ -128,33 +135,72 @@ def make_identity(spec: VirtualDeviceSpec, root: Path) -> DeviceIdentity:
 
 
 def create_device_root(root: Path, identity: DeviceIdentity) -> None:
-    """Lay out a device root: spec, tools and workspace. Idempotent."""
-    (root / WORKSPACE_REL).mkdir(parents=True, exist_ok=True)
-    (root / "bin").mkdir(exist_ok=True)
-    write_atomic(root / SPEC_FILE, json.dumps({
-        "props": identity.props,
-        "free_bytes": identity.free_bytes,
-        "battery_level": identity.battery_level,
-        "battery_temperature_tenths": identity.battery_temperature_tenths,
-    }, indent=1))
-    props_file = root / "build.prop"
-    write_atomic(props_file, "".join(f"{k}={v}\n" for k, v in identity.props.items()))
-    _write_tool(root / "bin" / "getprop", GETPROP.format(props=shlex.quote(str(props_file))))
-    _write_tool(root / "bin" / "dumpsys", DUMPSYS.format(
-        level=identity.battery_level, temperature=identity.battery_temperature_tenths,
-        state=shlex.quote(str(root / "battery"))))
-    if identity.free_bytes is not None:
-        _write_tool(root / "bin" / "df", DF.format(kib=identity.free_bytes // 1024))
+    """Lay out a device root: its spec, its storage (``/data`` inside) and its phone state.
+    Idempotent. What depends on how the device runs (confined or not) is written at each start by
+    :func:`install_system`."""
+    host_workspace(root).mkdir(parents=True, exist_ok=True)
+    (root / MEDIA_REL).mkdir(parents=True, exist_ok=True)
+    write_atomic(root / SPEC_FILE, json.dumps({"props": identity.props,
+                                               "free_bytes": identity.free_bytes}, indent=1))
+    if not (root / PHONE_FILE).exists():
+        save_phone(root, PhoneState(battery_level=identity.battery_level,
+                                    battery_temp_c=identity.battery_temperature_tenths / 10))
 
 
 def load_identity(root: Path) -> DeviceIdentity:
     try:
         raw = json.loads((root / SPEC_FILE).read_text())
-        return DeviceIdentity(props=raw["props"], free_bytes=raw.get("free_bytes"),
-                              battery_level=raw.get("battery_level", 87),
-                              battery_temperature_tenths=raw.get("battery_temperature_tenths", 312))
+        return DeviceIdentity(props=raw["props"], free_bytes=raw.get("free_bytes"))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{root / SPEC_FILE}: not a virtual device spec: {e}") from None
+
+
+def host_workspace(root: Path) -> Path:
+    return root / STORAGE_REL / WORKSPACE_IN_DATA
+
+
+def runtime_props(identity: DeviceIdentity, root: Path, confined: bool) -> dict[str, str]:
+    """The properties a running device announces: its identity, where its workspace is (a host path
+    when unconfined: its commands then see the host) and whether it is confined."""
+    workspace = DEFAULT_WORKSPACE if confined else str(host_workspace(root))
+    return dict(sorted({**identity.props, "ro.ptefarm.workspace": workspace,
+                        "ro.ptefarm.confined": "1" if confined else "0"}.items()))
+
+
+def install_system(root: Path, props: dict[str, str], free_bytes: int | None) -> None:
+    """Write ``R/system`` (``/system`` inside: build.prop and the tools), ``R/etc`` (passwd, group,
+    hosts) and the phone's sysfs files. Done at each start: the runner link follows the interpreter
+    that runs the device, the workspace property its confinement."""
+    system_bin = root / SYSTEM_REL / "bin"
+    system_bin.mkdir(parents=True, exist_ok=True)
+    write_atomic(root / SYSTEM_REL / "build.prop", "".join(f"{k}={v}\n" for k, v in props.items()))
+    _write_tool(system_bin / "getprop", GETPROP)
+    _write_tool(system_bin / "dumpsys", DUMPSYS)
+    if free_bytes is not None:
+        _write_tool(system_bin / "df", DF.format(kib=free_bytes // 1024))
+    else:
+        (system_bin / "df").unlink(missing_ok=True)  # the real df reports the storage's filesystem
+    # sh: the host's, as seen inside; the runner: the venv's console script (bundles of dialect host).
+    _link(system_bin / "sh", "/bin/sh")
+    _link(system_bin / "farm-llama-runner", str(Path(sys.executable).parent / "farm-llama-runner"))
+    etc = root / ETC_REL
+    etc.mkdir(exist_ok=True)
+    write_atomic(etc / "passwd", "root:x:0:0:root:/:/system/bin/sh\n"
+                                 f"shell:x:{SHELL_UID}:{SHELL_UID}:shell:/:/system/bin/sh\n")
+    write_atomic(etc / "group", f"root:x:0:\nshell:x:{SHELL_UID}:\n")
+    write_atomic(etc / "hosts", "127.0.0.1 localhost\n::1 localhost ip6-localhost\n")
+    (root / STORAGE_REL / "local" / "tmp").mkdir(parents=True, exist_ok=True)
+    (root / MEDIA_REL).mkdir(parents=True, exist_ok=True)
+    render_sysfs(root, load_phone(root))
+
+
+def _link(path: Path, target: str) -> None:
+    if path.is_symlink() and os.readlink(path) == target:
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, path)
 
 
 def _write_tool(path: Path, text: str) -> None:
@@ -162,39 +208,48 @@ def _write_tool(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-# Imitations of Android tools, kept tiny: only what the farm reads.
-GETPROP = """#!/bin/sh
+# Imitations of Android tools, kept tiny: only what the farm reads. Their paths default to the view's
+# (/system, /sys, /data); an unconfined device points them into its root with the same variables.
+GETPROP = r"""#!/bin/sh
 # getprop of a virtual device: no argument lists '[key]: [value]', one argument prints its value.
+props="${ANDROID_ROOT:-/system}/build.prop"
 if [ $# -eq 0 ]; then
-  sed -e 's/^\\([^=]*\\)=\\(.*\\)$/[\\1]: [\\2]/' {props}
+  sed -e 's/^\([^=]*\)=\(.*\)$/[\1]: [\2]/' "$props"
 else
-  awk -v k="$1" 'index($0, k "=") == 1 {{ print substr($0, length(k) + 2); found = 1; exit }}
-                END {{ if (!found) print "" }}' {props}
+  while IFS= read -r line; do
+    case "$line" in "$1="*) printf '%s\n' "${line#*=}"; exit 0;; esac
+  done < "$props"
+  echo
 fi
 """
 
-DUMPSYS = """#!/bin/sh
-# dumpsys of a virtual device: only 'dumpsys battery' (temperature in tenths of a degree C), with
-# Android's 'dumpsys battery set temp|level N' and 'dumpsys battery reset' to simulate a hot phone.
+DUMPSYS = r"""#!/bin/sh
+# dumpsys of a virtual device: only 'dumpsys battery', read from the battery's sysfs files as
+# BatteryService does (temperature in tenths of a degree C). 'dumpsys battery set temp|level N' and
+# 'dumpsys battery reset' override what it reports, as on a phone (the sysfs files stay as they are).
 if [ "$1" != battery ]; then echo "Can't find service: $1" >&2; exit 1; fi
-state={state}
+sysfs="${PTEFARM_SYSFS:-/sys}/class/power_supply/battery"
+state="${ANDROID_DATA:-/data}/system/ptefarm-battery"
 if [ "$2" = set ]; then
   case "$3" in
     temp|level) case "$4" in ""|*[!0-9]*) echo "Bad value: $4" >&2; exit 1;; esac
-                printf %s "$4" > "$state.$3"; exit 0;;
+                mkdir -p "${state%/*}" && printf %s "$4" > "$state.$3"; exit 0;;
     *) echo "Unknown set option: $3" >&2; exit 1;;
   esac
 fi
 if [ "$2" = reset ]; then rm -f "$state.temp" "$state.level"; exit 0; fi
-temperature=$(cat "$state.temp" 2>/dev/null || echo {temperature})
-level=$(cat "$state.level" 2>/dev/null || echo {level})
+temperature=$(cat "$state.temp" 2>/dev/null || cat "$sysfs/temp" 2>/dev/null || echo 0)
+level=$(cat "$state.level" 2>/dev/null || cat "$sysfs/capacity" 2>/dev/null || echo 0)
+case "$(cat "$sysfs/status" 2>/dev/null)" in
+  Charging) status=2;; Discharging) status=3;; "Not charging") status=4;; Full) status=5;; *) status=1;;
+esac
 cat <<EOF
 Current Battery Service state:
   AC powered: false
   USB powered: true
   Wireless powered: false
   Max charging current: 500000
-  status: 2
+  status: $status
   health: 2
   present: true
   level: $level

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import posixpath
 import socket
 import subprocess
 import time
@@ -24,14 +25,24 @@ from farm.adb_server import AdbServer
 from farm.config import AdbServerAddress
 from farm.errors import AdbError, AdbServerDown, InfraError, UsageError
 from farm.fileio import write_atomic
-from farm.virtual.device import PGID_DIR, RUN_FILE, device_argv
+from farm.config import DEFAULT_WORKSPACE
+from farm.virtual.confine import (
+    MEDIA_REL,
+    STORAGE_REL,
+    ConfinementUnavailable,
+    find_tools,
+    probe,
+    unconfined_requested,
+)
+from farm.virtual.device import EXIT_UNCONFINABLE, PGID_DIR, RUN_FILE, device_argv
 from farm.virtual.faults import NO_FAULTS, Faults, write_faults
 from farm.virtual.identity import (
-    WORKSPACE_REL,
     VirtualDeviceSpec,
     create_device_root,
+    host_workspace,
     make_identity,
 )
+from farm.virtual.phone import PhoneState, load_phone, save_phone
 from farm.virtual.shell import kill_commands
 
 STATE_FILE = "state.json"
@@ -53,10 +64,25 @@ class VirtualDeviceProcess:
     root: Path
     soc: str
     serialno: str  # ro.serialno
+    confined: bool = True  # False: degraded mode, its commands run on the host (ro.ptefarm.confined=0)
 
     @property
-    def workspace(self) -> Path:
-        return self.root / WORKSPACE_REL
+    def workspace(self) -> str:
+        """The farm's workspace as the device names it (ro.ptefarm.workspace): an Android path, or a
+        host path for an unconfined device."""
+        return DEFAULT_WORKSPACE if self.confined else str(host_workspace(self.root))
+
+    def host_path(self, device_path: str) -> Path:
+        """Where a path of the device's storage (``/data/...``, ``/sdcard/...``) is on the host, for
+        tests that check what a device did. ValueError for a path outside its storage."""
+        if not self.confined:
+            return Path(device_path)
+        norm = posixpath.normpath(device_path)
+        for prefix, rel in (("/data", STORAGE_REL), ("/sdcard", MEDIA_REL),
+                            ("/storage/emulated/0", MEDIA_REL)):
+            if norm == prefix or norm.startswith(prefix + "/"):
+                return self.root / rel / norm[len(prefix):].lstrip("/")
+        raise ValueError(f"{device_path}: not in the storage of virtual device {self.serial}")
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -66,7 +92,7 @@ class VirtualDeviceProcess:
     @classmethod
     def from_json(cls, d: dict) -> VirtualDeviceProcess:
         return cls(serial=d["serial"], port=int(d["port"]), pid=int(d["pid"]), root=Path(d["root"]),
-                   soc=d["soc"], serialno=d.get("serialno", ""))
+                   soc=d["soc"], serialno=d.get("serialno", ""), confined=d.get("confined", True))
 
 
 @dataclass(frozen=True)
@@ -126,6 +152,7 @@ class VirtualFarm:
         """Start one device per spec, connect each to the adb server, wait until each is 'device'."""
         for spec in specs:  # bad input is reported before anything starts
             spec.profile()
+        check_confinement()  # and a host that cannot confine devices, before anything starts
         started_server = self.server.start(timeout=self.start_timeout)
         self.adb_started = self.adb_started or started_server
         self._save()
@@ -135,7 +162,7 @@ class VirtualFarm:
                 index = self._next_index()
                 root = (self.dir / "devices" / f"{index:02d}-{spec.soc}").resolve()
                 root.mkdir(parents=True, exist_ok=True)
-                identity = make_identity(spec, root)
+                identity = make_identity(spec)
                 create_device_root(root, identity)
                 dev = self._spawn(root, port=0, soc=spec.soc, serialno=identity.serialno)
                 self.devices.append(dev)
@@ -181,6 +208,10 @@ class VirtualFarm:
         raise UsageError(f"no virtual device '{serial}' (have: "
                          f"{', '.join(r.serial for r in self.devices) or 'none'})")
 
+    def host_path(self, serial: str, device_path: str) -> Path:
+        """Where a path of a device's storage is on the host (see VirtualDeviceProcess.host_path)."""
+        return self.device(serial).host_path(device_path)
+
     def kill(self, serial: str) -> None:
         """SIGKILL the device process (and its running commands), like a phone that dies."""
         self._kill_device(self.device(serial))
@@ -196,6 +227,56 @@ class VirtualFarm:
         self.server.disconnect(new.serial)
         self._attach(new)
         return new
+
+    def reboot(self, serial: str, timeout: float | None = None) -> VirtualDeviceProcess:
+        """``adb reboot`` the device and wait until it is back ("device"): same process (it
+        re-executes itself), port and storage; new namespaces, so nothing of the old boot runs."""
+        dev = self.device(serial)
+        timeout = timeout or self.start_timeout
+        before = _read_run(dev.root).get("boot")
+        try:
+            self.client().device(dev.serial).reboot()
+        except (adbutils.AdbError, OSError) as e:
+            raise AdbError(f"reboot of {dev.serial} failed: {e}", serial=dev.serial) from None
+        run: dict = {}
+
+        def rebooted() -> bool:
+            run.clear()
+            run.update(_read_run(dev.root))
+            return run.get("boot") not in (None, before)
+
+        if not procs.wait_until(lambda: rebooted() or not is_device_process(dev.pid, dev.root),
+                                timeout) or not is_device_process(dev.pid, dev.root):
+            raise InfraError(f"virtual device {dev.serial} did not come back from reboot within "
+                             f"{timeout:g}s; log: {dev.root / DEVICE_LOG}: "
+                             f"{procs.log_tail(dev.root / DEVICE_LOG)}", serial=dev.serial)
+        new = VirtualDeviceProcess(serial=dev.serial, port=dev.port, pid=int(run["pid"]), root=dev.root,
+                                   soc=dev.soc, serialno=dev.serialno,
+                                   confined=bool(run.get("confined", True)))
+        self.devices[self.devices.index(dev)] = new
+        self._save()
+        self.server.disconnect(new.serial)  # re-attach now, not at the server's next retry
+        self._attach(new)
+        return new
+
+    def phone(self, serial: str) -> PhoneState:
+        return load_phone(self.device(serial).root)
+
+    def set_phone(self, serial: str, *, battery_level: int | None = None,
+                  battery_temp_c: float | None = None, battery_status: str | None = None,
+                  thermal: dict[str, float] | None = None) -> PhoneState:
+        """Change the device's battery and thermal zones (what its sysfs and ``dumpsys battery``
+        report), at once, running or not. ``thermal``: {zone type, thermal_zoneN or N: deg C}."""
+        root = self.device(serial).root
+        state = load_phone(root)
+        changes = {k: v for k, v in (("battery_level", battery_level),
+                                     ("battery_temp_c", battery_temp_c),
+                                     ("battery_status", battery_status)) if v is not None}
+        state = PhoneState(**{**state.to_json(), "thermal": state.thermal, **changes})
+        for zone, temp in (thermal or {}).items():
+            state = state.with_zone(zone, temp)
+        save_phone(root, state)
+        return state
 
     def set_faults(self, serial: str, **faults) -> None:
         """Switch faults on (see farm.virtual.faults.Faults); they take effect at the next stream."""
@@ -277,8 +358,12 @@ class VirtualFarm:
         if procs.wait_until(lambda: listening() or proc.poll() is not None, self.start_timeout) \
                 and run.get("pid") == proc.pid:
             return VirtualDeviceProcess(serial=f"127.0.0.1:{run['port']}", port=int(run["port"]),
-                                       pid=proc.pid, root=root, soc=soc, serialno=serialno)
+                                       pid=proc.pid, root=root, soc=soc, serialno=serialno,
+                                       confined=bool(run.get("confined", True)))
         procs.terminate(proc.pid, _device_owned(root), grace=0, proc=self._procs.pop(proc.pid))
+        if proc.poll() == EXIT_UNCONFINABLE:
+            raise ConfinementUnavailable(f"virtual device in {root} refused to start: "
+                                         f"{procs.log_tail(root / DEVICE_LOG, lines=1)}")
         raise InfraError(f"virtual device in {root} did not start "
                          f"(exit {proc.poll()}); log: {root / DEVICE_LOG}: "
                          f"{procs.log_tail(root / DEVICE_LOG)}")
@@ -328,6 +413,27 @@ class HealReport:
     @property
     def changed(self) -> bool:
         return self.server_restarted or bool(self.reconnected)
+
+
+_confinement_checked = False
+
+
+def check_confinement() -> None:
+    """Once per process: can devices confine their commands here? ConfinementUnavailable naming what
+    is missing, unless PTEFARM_VIRTUAL_UNCONFINED=1 (then devices run unconfined, as they announce)."""
+    global _confinement_checked
+    if _confinement_checked or unconfined_requested():
+        return
+    probe(find_tools())
+    _confinement_checked = True
+
+
+def _read_run(root: Path) -> dict:
+    try:
+        run = json.loads((root / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}  # not written yet, half written or gone: ask again
+    return run if isinstance(run, dict) else {}
 
 
 def _device_owned(root: Path) -> procs.Owned:

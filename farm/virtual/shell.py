@@ -1,18 +1,24 @@
 """Shell services of a virtual device: ``shell:`` (v1), ``shell,v2,...:`` and ``exec:``.
 
-Each command is a real host process ``/bin/sh -c CMD`` in its own session (so its whole process group
-can be killed when the server closes the stream), with cwd = the device root and PATH starting with
-the device's imitation Android tools.
+Each command is ``/system/bin/sh -c CMD`` entered into the device's Android view (farm.virtual.confine:
+cwd ``/``, uid 2000) or, unconfined, ``/bin/sh -c CMD`` on the host in the device root. Its host process
+runs in a session of its own, so its whole process group can be killed when the server closes the
+stream. A pty is allocated as adbd does: when asked (``pty``) or for an interactive shell (no command),
+unless ``raw`` is asked.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import pty
 import struct
 import subprocess
+import termios
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
@@ -27,7 +33,7 @@ _V2_HEADER = struct.Struct("<BI")
 _READ_SIZE = 256 * 1024
 
 # What a command runs instead of itself under the hang_commands fault: never ends until killed.
-HANG_ARGV = ["/bin/sh", "-c", "while :; do sleep 3600; done"]
+HANG_COMMAND = "while :; do sleep 3600; done"
 
 
 class ShellProtocol(Enum):
@@ -39,12 +45,16 @@ class ShellProtocol(Enum):
 @dataclass(frozen=True)
 class ShellRequest:
     protocol: ShellProtocol
-    command: str
+    command: str           # empty: an interactive shell (pty only)
+    pty: bool = False
+    term: str | None = None
 
 
 def parse_shell_service(service: str) -> ShellRequest | None:
-    """``shell:CMD`` / ``shell,v2,raw,TERM=x:CMD`` / ``exec:CMD``; None when not a shell service or
-    the command is empty (an interactive shell is not provided)."""
+    """``shell:CMD`` / ``shell,v2,raw,TERM=x:CMD`` / ``shell,v2,pty:CMD`` / ``exec:CMD``; None when
+    not a shell service. A pty when ``pty`` is asked (``adb shell -t``, an interactive ``adb shell``),
+    none otherwise (``raw``, or nothing: adbd's default for a command). An empty command without a pty
+    (a shell reading commands from stdin) is not provided: None too."""
     if service.startswith("exec:"):
         request = ShellRequest(ShellProtocol.RAW, service[len("exec:"):])
     elif service.startswith(("shell:", "shell,")):
@@ -52,18 +62,42 @@ def parse_shell_service(service: str) -> ShellRequest | None:
         if not sep:
             return None
         options = head.split(",")[1:]
+        # adbd gives an empty command a pty by default; we do only when asked (`adb shell` from a
+        # terminal asks): a client that opens `shell,v2:` with nothing to run gets a refusal.
+        use_pty = False
+        term = None
+        for option in options:
+            if option == "raw":
+                use_pty = False
+            elif option == "pty":
+                use_pty = True
+            elif option.startswith("TERM="):
+                term = option[len("TERM="):]
         protocol = ShellProtocol.V2 if "v2" in options else ShellProtocol.V1
-        request = ShellRequest(protocol, command)
+        request = ShellRequest(protocol, command, pty=use_pty, term=term)
     else:
         return None
-    return request if request.command.strip() else None
+    return request if request.command.strip() or request.pty else None
+
+
+def _identity(argv: list[str]) -> list[str]:
+    return argv
 
 
 @dataclass(frozen=True)
 class CommandContext:
-    root: Path
+    """How a device runs a command: ``enter`` turns an argv into the argv that runs it inside the
+    device (nsenter into its view; unchanged when unconfined), with ``shell`` the device's sh."""
+
+    cwd: Path        # host cwd of the spawned process (the device root)
     env: dict[str, str]
-    pgid_dir: Path  # one file per running command's process group, so a killed device's are found
+    pgid_dir: Path   # one file per running command's process group, so a killed device's are found
+    shell: str = "/system/bin/sh"
+    enter: Callable[[list[str]], list[str]] = field(default=_identity)
+
+    def argv(self, command: str) -> list[str]:
+        """``sh -c command``, or an interactive ``sh`` for an empty command."""
+        return self.enter([self.shell, "-c", command] if command.strip() else [self.shell, "-"])
 
 
 def kill_commands(pgid_dir: Path) -> None:
@@ -79,14 +113,28 @@ def kill_commands(pgid_dir: Path) -> None:
 
 def run_shell(stream: Stream, request: ShellRequest, ctx: CommandContext) -> None:
     v2 = request.protocol is ShellProtocol.V2
-    argv = HANG_ARGV if stream.faults.hangs(request.command) else ["/bin/sh", "-c", request.command]
+    command = HANG_COMMAND if stream.faults.hangs(request.command) else request.command
+    env = ctx.env | stream.faults.command_env()
+    if request.pty:
+        env["TERM"] = request.term or "dumb"  # adbd's default for a pty
+    master = -1
     try:
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE if v2 else subprocess.STDOUT,
-            cwd=ctx.root, env=ctx.env | stream.faults.command_env(), start_new_session=True,
-            bufsize=0)
+        if request.pty:
+            master, slave = pty.openpty()
+            try:
+                proc = subprocess.Popen(ctx.argv(command), stdin=slave, stdout=slave, stderr=slave,
+                                        cwd=ctx.cwd, env=env, start_new_session=True,
+                                        preexec_fn=_take_terminal)
+            finally:
+                os.close(slave)
+        else:
+            proc = subprocess.Popen(
+                ctx.argv(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE if v2 else subprocess.STDOUT, cwd=ctx.cwd, env=env,
+                start_new_session=True, bufsize=0)
     except OSError as e:
+        if master >= 0:
+            os.close(master)
         _report_spawn_error(stream, v2, str(e))
         return
     pgid_file = ctx.pgid_dir / str(proc.pid)
@@ -99,32 +147,42 @@ def run_shell(stream: Stream, request: ShellRequest, ctx: CommandContext) -> Non
     # The server closing the stream (client timeout, client gone, transport dropped) kills the group.
     stream.add_close_callback(lambda: kill_group(proc.pid))
 
-    def pump(fd_file, packet_id: int | None) -> None:
-        fd = fd_file.fileno()
+    def pump(fd: int, packet_id: int | None) -> None:
         try:
             while True:
-                data = os.read(fd, _READ_SIZE)
+                try:
+                    data = os.read(fd, _READ_SIZE)
+                except OSError:  # EIO on a pty master once every writer of the slave is gone
+                    break
                 if not data:
                     break
                 if packet_id is not None:
                     data = _V2_HEADER.pack(packet_id, len(data)) + data
                 stream.write(data)
-        except (StreamClosed, OSError):
+        except StreamClosed:
             kill_group(proc.pid)
-        finally:
-            fd_file.close()
 
-    pumps = [threading.Thread(target=pump, args=(proc.stdout, ID_STDOUT if v2 else None),
-                              daemon=True)]
-    if v2:
-        pumps.append(threading.Thread(target=pump, args=(proc.stderr, ID_STDERR), daemon=True))
-    stdin_thread = threading.Thread(target=_feed_stdin, args=(stream, proc, v2), daemon=True)
+    if request.pty:
+        sources = [(master, ID_STDOUT if v2 else None)]
+        sink: _CommandInput = _PtyInput(master)
+    else:
+        assert proc.stdout is not None
+        sources = [(proc.stdout.fileno(), ID_STDOUT if v2 else None)]
+        if v2:
+            assert proc.stderr is not None
+            sources.append((proc.stderr.fileno(), ID_STDERR))
+        sink = _PipeInput(proc)
+    pumps = [threading.Thread(target=pump, args=src, daemon=True) for src in sources]
+    stdin_thread = threading.Thread(target=_feed_stdin, args=(stream, sink, v2), daemon=True)
     for t in pumps:
         t.start()
     stdin_thread.start()
     for t in pumps:
         t.join()
     code = proc.wait()
+    for f in (proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
     if pgid_file is not None:
         pgid_file.unlink(missing_ok=True)
     if code < 0:
@@ -136,11 +194,82 @@ def run_shell(stream: Stream, request: ShellRequest, ctx: CommandContext) -> Non
         log.warning("exit code %d of %r not sent: the stream was closed", code, request.command[:80])
     stream.close()  # also wakes the stdin feeder
     stdin_thread.join(timeout=5)
+    sink.close()
 
 
-def _feed_stdin(stream: Stream, proc: subprocess.Popen, v2: bool) -> None:
+def _take_terminal() -> None:
+    """In the child, before exec: make the pty (its stdin) the controlling terminal of its new
+    session, so an interactive shell has job control and ^C reaches the command."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+class _CommandInput:
+    """Where stdin data of a command goes: a pipe, or the pty master."""
+
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def close_stdin(self) -> None:
+        raise NotImplementedError
+
+    def resize(self, spec: bytes) -> None:
+        """A window-size packet: only a pty cares."""
+
+    def close(self) -> None:
+        self.close_stdin()
+
+
+class _PipeInput(_CommandInput):
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.stdin = proc.stdin
+
+    def write(self, data: bytes) -> None:
+        if self.stdin is not None:
+            self.stdin.write(data)
+
+    def close_stdin(self) -> None:
+        stdin, self.stdin = self.stdin, None
+        if stdin is not None:
+            try:
+                stdin.close()
+            except OSError as e:
+                log.warning("closing stdin of command %d: %s", self.proc.pid, e)
+
+
+class _PtyInput(_CommandInput):
+    def __init__(self, master: int):
+        self.master = master
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.master, view):]
+
+    def close_stdin(self) -> None:
+        """A pty has no stdin of its own to close (adbd ignores close-stdin there too)."""
+
+    def resize(self, spec: bytes) -> None:
+        """``ROWSxCOLS,XPIXxYPIX``, as the adb client sends it."""
+        try:
+            chars, _, pixels = spec.decode().partition(",")
+            rows, cols = (int(v) for v in chars.split("x"))
+            xpix, ypix = (int(v) for v in pixels.split("x")) if pixels else (0, 0)
+            fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, xpix, ypix))
+        except (ValueError, OSError) as e:
+            log.warning("bad window size %r: %s", spec, e)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self.master)
+
+
+def _feed_stdin(stream: Stream, sink: _CommandInput, v2: bool) -> None:
     """Server -> command stdin. v2 data is framed; close-stdin closes the pipe."""
-    stdin = proc.stdin
     pending = bytearray()
     try:
         while True:
@@ -148,8 +277,7 @@ def _feed_stdin(stream: Stream, proc: subprocess.Popen, v2: bool) -> None:
             if chunk is None:
                 break
             if not v2:
-                if stdin is not None:
-                    stdin.write(chunk)
+                sink.write(bytes(chunk))
                 continue
             pending += chunk
             while len(pending) >= _V2_HEADER.size:
@@ -158,19 +286,16 @@ def _feed_stdin(stream: Stream, proc: subprocess.Popen, v2: bool) -> None:
                     break
                 data = bytes(pending[_V2_HEADER.size:_V2_HEADER.size + length])
                 del pending[:_V2_HEADER.size + length]
-                if packet_id == ID_STDIN and stdin is not None:
-                    stdin.write(data)
-                elif packet_id == ID_CLOSE_STDIN and stdin is not None:
-                    stdin.close()
-                    stdin = None
+                if packet_id == ID_STDIN:
+                    sink.write(data)
+                elif packet_id == ID_CLOSE_STDIN:
+                    sink.close_stdin()
+                elif packet_id == ID_WINDOW_SIZE:
+                    sink.resize(data)
     except (OSError, ValueError) as e:
-        log.warning("stdin of command %d dropped: it closed its stdin or exited (%s)", proc.pid, e)
+        log.warning("stdin of a command dropped: it closed its stdin or exited (%s)", e)
     finally:
-        if stdin is not None:
-            try:
-                stdin.close()
-            except OSError as e:
-                log.warning("closing stdin of command %d: %s", proc.pid, e)
+        sink.close_stdin()
 
 
 def _report_spawn_error(stream: Stream, v2: bool, message: str) -> None:

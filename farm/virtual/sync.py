@@ -1,27 +1,40 @@
-"""The ``sync:`` service of a virtual device (SYNC.TXT), confined to the device's root directory.
+"""The ``sync:`` service of a virtual device (SYNC.TXT).
 
-Device paths are host paths (the device reports its workspace as a host path), but only paths inside
-the root are served: anything else gets FAIL "permission denied", so a push can never write outside it.
+The protocol is served by a worker process, ``python -m farm.virtual.syncd``, that a confined device
+starts *inside* its Android view (farm.virtual.confine) for each sync session, with the session's
+byte stream on its stdin and stdout, as adbd's sync service works on a socket. Push and pull then
+resolve ``/data/local/tmp/x`` in the same mount namespace as the shell: no path rewriting, and a
+symlink inside the device cannot lead out of it. An unconfined device (degraded mode) runs the same
+worker on the host with ``--confine ROOT``: only real paths inside the root are served.
+
+:class:`SyncService` (the worker's protocol handler) imports nothing but the standard library, so a
+worker starts in a few milliseconds; :func:`serve_sync` (the device side) pumps the ADB stream to and
+from the worker.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import stat
 import struct
+import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, BinaryIO, ClassVar
 
-from farm.virtual.faults import Faults
-from farm.virtual.stream import Stream, StreamClosed, StreamReader
+if TYPE_CHECKING:  # the worker must not import the device side (adbutils, threads, ...)
+    from farm.virtual.stream import Stream
 
 log = logging.getLogger(__name__)
 
 MAX_PATH = 1024
 SYNC_DATA_MAX = 64 * 1024
+IO_BUFFER = 1 << 20  # large buffered reads/writes both ways: pushes run at hundreds of MB/s
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _REQ = struct.Struct("<4sI")
 _STAT_V1 = struct.Struct("<4sIII")
 # id, error, dev, ino, mode, nlink, uid, gid, size, atime, mtime, ctime
@@ -33,70 +46,86 @@ class SyncFail(Exception):
     """A request that gets a FAIL reply with this message."""
 
 
+class SyncEOF(Exception):
+    """The session's input ended (the server closed the stream, or the connection dropped)."""
+
+
 class SyncService:
-    def __init__(self, stream: Stream, root: Path, load_faults: Callable[[], Faults],
-                 free_bytes: int | None = None):
-        self.stream = stream
-        self.reader = StreamReader(stream)
-        self.root = Path(os.path.realpath(root))
-        self.load_faults = load_faults
-        self.free_bytes = free_bytes
-        self._out = bytearray()
+    """One sync session over a byte stream: ``inp`` (requests, DATA) and ``out`` (replies).
 
-    # --- output: batched into WRTEs no larger than maxdata -------------------------------------
+    ``confine_root``: serve only real paths inside it (an unconfined device, whose paths are host
+    paths); None inside a view, where the mount namespace is the confinement. ``limit_bytes``: the
+    largest file a SEND may write (free space or the disk_full_after_bytes fault)."""
+
+    def __init__(self, inp: BinaryIO, out: BinaryIO, *, confine_root: Path | None = None,
+                 limit_bytes: int | None = None):
+        self.inp = inp
+        self.out = out
+        self.root = Path(os.path.realpath(confine_root)) if confine_root is not None else None
+        self.limit_bytes = limit_bytes
+        self._chunk = bytearray(SYNC_DATA_MAX + 8)
+
+    # --- byte stream -------------------------------------------------------------------------------
+    def _read_exact(self, n: int) -> bytes:
+        data = self.inp.read(n)
+        if data is None or len(data) != n:
+            raise SyncEOF(f"input ended mid-request ({len(data or b'')} of {n} bytes)")
+        return data
+
+    def _read_into(self, n: int) -> memoryview:
+        view = memoryview(self._chunk)[:n]
+        got = self.inp.readinto(view)
+        if got != n:
+            raise SyncEOF(f"input ended mid-DATA ({got} of {n} bytes)")
+        return view
+
     def _emit(self, data: bytes | memoryview) -> None:
-        self._out += data
-        if len(self._out) >= self.stream.transport.max_payload - SYNC_DATA_MAX - 8:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._out:
-            out, self._out = self._out, bytearray()
-            self.stream.write(out)
+        self.out.write(data)
 
     def _fail(self, message: str) -> None:
-        data = message.encode()
+        data = message.encode("utf-8", "surrogateescape")
         self._emit(b"FAIL" + struct.pack("<I", len(data)) + data)
 
-    # --- path confinement ----------------------------------------------------------------------
-    def _confine(self, device_path: str) -> Path:
+    # --- paths -------------------------------------------------------------------------------------
+    def _path(self, device_path: str) -> Path:
         if not device_path.startswith("/"):
             raise SyncFail(f"{device_path}: permission denied (not an absolute path)")
+        if self.root is None:
+            return Path(device_path)  # inside the view: the kernel confines
         real = os.path.realpath(device_path)
         if real != str(self.root) and not real.startswith(str(self.root) + os.sep):
             raise SyncFail(f"{device_path}: permission denied")
         return Path(real)
 
-    # --- main loop ---------------------------------------------------------------------------
+    # --- main loop ---------------------------------------------------------------------------------
     def serve(self) -> None:
         try:
             while True:
-                ident, length = _REQ.unpack(self.reader.read_exact(_REQ.size))
+                ident, length = _REQ.unpack(self._read_exact(_REQ.size))
                 if ident == b"QUIT":
                     break
                 if length > MAX_PATH:
                     self._fail(f"path too long ({length} > {MAX_PATH})")
                     break
-                path = self.reader.read_exact(length).decode("utf-8", "surrogateescape")
+                path = self._read_exact(length).decode("utf-8", "surrogateescape")
                 handler = self._HANDLERS.get(ident)
                 if handler is None:
                     self._fail(f"unknown sync request {ident!r}")
                     break
                 handler(self, path)
-                self._flush()
-        except StreamClosed:
-            log.debug("sync session ended by the server")  # how a client ends it without QUIT
+                self.out.flush()
+        except SyncEOF as e:
+            log.debug("sync session ended: %s", e)  # how a client ends it without QUIT
         finally:
             try:
-                self._flush()
-            except StreamClosed as e:
+                self.out.flush()
+            except OSError as e:
                 log.warning("sync replies not sent: %s", e)
-            self.stream.close()
 
     def _lookup_stat(self, path: str, follow: bool) -> os.stat_result | int:
-        """The stat of a confined path, or an errno."""
+        """The stat of a path, or an errno."""
         try:
-            p = self._confine(path)
+            p = self._path(path)
         except SyncFail:
             return errno.EACCES
         try:
@@ -128,8 +157,7 @@ class SyncService:
 
     def _entries(self, path: str):
         try:
-            directory = self._confine(path)
-            with os.scandir(directory) as it:
+            with os.scandir(self._path(path)) as it:
                 for entry in it:
                     try:
                         yield entry.name.encode("utf-8", "surrogateescape"), entry.stat(
@@ -152,50 +180,43 @@ class SyncService:
 
     def _recv(self, path: str) -> None:
         try:
-            src = self._confine(path)
-            f = open(src, "rb")  # noqa: SIM115 - closed by the with below, after the checks
+            f = open(self._path(path), "rb", buffering=0)  # noqa: SIM115 - closed by the with below
         except SyncFail as e:
             self._fail(str(e))
             return
         except OSError as e:
             self._fail(f"{path}: {e.strerror}")
             return
-        self.stream.faults = self.load_faults()
-        self._flush()
-        # DATA chunks are read straight into one maxdata-sized WRTE buffer: no per-chunk copies.
-        buf = bytearray(self.stream.transport.max_payload)
+        # Each DATA chunk is read straight behind its header: one copy, into the output buffer.
+        buf = self._chunk
         view = memoryview(buf)
-        pos = 0
         with f:
             while True:
-                if pos + 8 + SYNC_DATA_MAX > len(buf):
-                    self.stream.write(view[:pos])
-                    pos = 0
-                n = f.readinto(view[pos + 8:pos + 8 + SYNC_DATA_MAX])
+                try:
+                    n = f.readinto(view[8:8 + SYNC_DATA_MAX])
+                except OSError as e:  # a directory, say: adbd answers FAIL
+                    self._fail(f"{path}: {e.strerror}")
+                    return
                 if not n:
                     break
-                struct.pack_into("<4sI", buf, pos, b"DATA", n)
-                pos += 8 + n
-        if pos:
-            self.stream.write(view[:pos])
+                struct.pack_into("<4sI", buf, 0, b"DATA", n)
+                self._emit(view[:8 + n])
         self._emit(b"DONE" + struct.pack("<I", 0))
 
     def _send(self, spec: str) -> None:
         path, _, mode_text = spec.rpartition(",")
         if not path:
             path, mode_text = spec, "0"
-        faults = self.load_faults()
-        self.stream.faults = faults
-        limit = min((n for n in (faults.disk_full_after_bytes, self.free_bytes) if n is not None),
-                    default=None)
+        limit = self.limit_bytes
         error: str | None = None
         tmp_fd, tmp_path, final = -1, None, None
         try:
             mode = int(mode_text or "0")
-            final = self._confine(path)
+            final = self._path(path)
             final.parent.mkdir(parents=True, exist_ok=True)  # fixed_push_mkdir
-            tmp_path = final.parent / f".{final.name}.ptefarm-partial-{os.getpid()}"
-            tmp_fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            partial = final.parent / f".{final.name}.ptefarm-partial-{os.getpid()}"
+            tmp_fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            tmp_path = partial  # only once it exists: a refused create leaves nothing to remove
         except SyncFail as e:
             error = str(e)
         except ValueError:
@@ -204,28 +225,24 @@ class SyncService:
             error = f"{path}: {e.strerror}"
         written = 0
         mtime = 0
-
-        def sink(piece: memoryview) -> None:
-            nonlocal error
-            if error is None:
-                try:
-                    _write_all(tmp_fd, piece)
-                except OSError as e:  # a real full disk, say
-                    error = f"{path}: {e.strerror}"
         try:
             # Read DATA until DONE even after an error: the client only looks at the reply then.
             while True:
-                ident, length = _REQ.unpack(self.reader.read_exact(_REQ.size))
+                ident, length = _REQ.unpack(self._read_exact(_REQ.size))
                 if ident == b"DONE":
                     mtime = length
                     break
                 if ident != b"DATA" or length > SYNC_DATA_MAX:
-                    error = error or f"bad sync packet {ident!r} of length {length}"
-                    raise StreamClosed(error)  # the byte stream is out of step: give up
+                    raise SyncEOF(f"bad sync packet {ident!r} of length {length}: out of step")
                 if error is None and limit is not None and written + length > limit:
                     error = f"{path}: No space left on device"
-                self.reader.copy_to(length, sink)
+                piece = self._read_into(length)
                 written += length
+                if error is None:
+                    try:
+                        _write_all(tmp_fd, piece)
+                    except OSError as e:  # a real full disk, say
+                        error = f"{path}: {e.strerror}"
             if error is None:
                 os.fchmod(tmp_fd, stat.S_IMODE(mode) or 0o644)
                 os.close(tmp_fd)
@@ -261,3 +278,66 @@ def _write_all(fd: int, data: memoryview) -> None:
     while data:
         n = os.write(fd, data)
         data = data[n:]
+
+
+# --- device side ------------------------------------------------------------------------------------
+
+def _grow_pipe(fd: int) -> None:
+    try:
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, IO_BUFFER)
+    except OSError as e:  # over /proc/sys/fs/pipe-max-size: slower, still correct
+        log.debug("pipe of %d bytes refused: %s", IO_BUFFER, e)
+
+
+def serve_sync(stream: Stream, argv: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
+    """Serve one ``sync:`` stream by a worker (``argv``: syncd, possibly entered into a view):
+    server -> worker stdin, worker stdout -> server, each in payloads up to maxdata."""
+    from farm.virtual.stream import StreamClosed
+
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                cwd=cwd, bufsize=0, start_new_session=True)
+    except OSError as e:
+        log.error("sync worker %s could not start: %s", argv[0], e)
+        stream.close()
+        return
+    assert proc.stdin is not None and proc.stdout is not None
+    for pipe in (proc.stdin, proc.stdout):
+        _grow_pipe(pipe.fileno())
+    stream.add_close_callback(lambda: _close_quietly(proc.stdin))
+
+    def feed() -> None:
+        try:
+            while (chunk := stream.read_chunk()) is not None:
+                _write_all(proc.stdin.fileno(), memoryview(chunk))
+        except (OSError, ValueError) as e:  # the worker ended (QUIT, a bad packet), or we closed it
+            log.debug("sync worker input closed: %s", e)
+        finally:
+            _close_quietly(proc.stdin)  # EOF: the worker cleans up and exits
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    out = proc.stdout.fileno()
+    try:
+        while data := os.read(out, stream.transport.max_payload):
+            stream.write(data)
+    except (StreamClosed, OSError) as e:
+        log.info("sync stream ended while sending: %s", e)
+    finally:
+        _close_quietly(proc.stdout)
+        _close_quietly(proc.stdin)
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        if code:
+            log.warning("sync worker exited %d", code)
+        stream.close()
+
+
+def _close_quietly(f) -> None:
+    try:
+        f.close()
+    except OSError as e:
+        log.debug("close: %s", e)
