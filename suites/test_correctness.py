@@ -41,7 +41,14 @@ def test_updaters_agree(llm, point):
     if len(llm.updaters) < 2:
         pytest.skip(f"runner dialect {llm.bundle.runner_dialect!r} has only {llm.updaters[0]}: "
                     "nothing to compare (test_matches_golden checks it against goldens)")
-    comparison = llm.compare(point.prompt(llm.bundle), mode=point.mode, seq_len=point.seq_len)
+    prompt = point.prompt(llm.bundle)
+    llm.record("case", point.case.name)
+    llm.record("prompt", prompt[:500])
+    comparison = llm.compare(prompt, mode=point.mode, seq_len=point.seq_len)
+    divergence = comparison.first_divergence()
+    unit = "token" if comparison.compared_by == "token ids" else "text byte"
+    llm.record("first_divergence", "-" if comparison.agree else
+               "empty output" if divergence is None else f"{unit} {divergence}")
     if not comparison.agree:
         tails = "\n".join(f"  {u}: {generated_text(r.text)[:200]!r}"
                           for u, r in comparison.results.items())
