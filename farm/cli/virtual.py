@@ -79,7 +79,7 @@ def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool) -> N
                       props["ro.product.model"], str(r.pid),
                       r.workspace + ("" if r.confined else " (unconfined)"))
     Console().print(table)
-    click.echo(f"use: ANDROID_ADB_SERVER_PORT={vf.adb_server.port} adb devices")
+    click.echo(f"use: farm adb devices -l   (the farm's adb server, port {vf.adb_server.port})")
     _sync_pool(vf.adb_server)
 
 
