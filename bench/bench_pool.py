@@ -1,18 +1,35 @@
 #!/usr/bin/env python3
-"""Pool throughput under contention: N processes lease and release M devices as fast as they can.
+"""Pool under contention: how long a released device sits idle while someone waits for it.
 
-    python bench/bench_pool.py                      # 32 processes, 8 devices, SQLite and PostgreSQL
-    python bench/bench_pool.py --procs 16 --seconds 5 --hold-ms 10 --backends sqlite
+    python bench/bench_pool.py                       # 32 processes, 8 devices, 100 ms holds, both backends
+    python bench/bench_pool.py --backends sqlite --seconds 5 --profile /tmp/prof
 
-For each backend, in one run, on the same machine: acquire latency (time from asking to holding,
-including waiting in the queue) median and p99, and acquire/release cycles per second over all
-processes. The PostgreSQL pool lives in a fresh schema of $PTEFARM_TEST_PG_URL (or the default
-postgresql://postgres@127.0.0.1:5432/test), dropped afterwards.
+Per backend, in one run on one machine, two phases of real processes (each opens its own Pool, as CI
+jobs do):
+- contended: ``--procs`` processes lease any of ``--devices`` devices, hold each lease ``--hold-ms``
+  (sleeping, as a host waits on a phone) and release it, in a loop. Measured over the steady window
+  (the first ``--warmup`` seconds are dropped):
+  * handoff gap: from the moment a holder calls release while some process is waiting, until the next
+    holder of that device has it back from acquire (p50/p99);
+  * utilisation: time devices are held (acquire returned .. release called) over devices x window;
+  * cycles/s: completed lease cycles;
+  * double holds, counted outside the pool twice: overlapping [acquired, release called) intervals of
+    one device across processes, and a non-blocking flock(2) per device that every holder takes
+    after acquire and drops before release (a second holder finds it taken).
+- uncontended: ``--devices`` processes on as many devices (nobody ever waits for a device), same
+  loop: acquire latency p50/p99, i.e. the cost of the pool's transactions themselves.
+
+All timestamps are CLOCK_MONOTONIC, which is one clock for every process of the host. The PostgreSQL
+pool lives in a fresh schema of $PTEFARM_TEST_PG_URL (default postgresql://postgres@127.0.0.1:5432/test),
+dropped afterwards; the SQLite pool in a temporary directory. ``--profile DIR`` writes a cProfile of
+worker 0 of each phase (``DIR/<backend>-<phase>.prof``).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import fcntl
 import json
 import os
 import secrets
@@ -21,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -28,74 +46,217 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+TARGETS = {"handoff_p99_ms": 10.0, "utilisation": 0.95,
+           "uncontended_p99_ms": {"sqlite": 5.0, "postgres": 10.0}}
 
 
-def worker(url: str, go_at: float, seconds: float, hold_s: float, poll_s: float) -> None:
-    """One contending process: prints its acquire latencies (seconds) as one JSON line."""
+# -- the worker process -----------------------------------------------------------------------------
+
+def worker(spec: dict) -> None:
+    """One contending process. Prints "ready", waits for the start time on stdin, runs its loop, then
+    prints its cycles as one JSON line: [serial, asked, acquired, release_called, released]."""
     from farm.pool import Holder, LeaseRequest, Pool
 
-    latencies = []
-    cycles = 0
-    with Pool.open(url, poll_s=poll_s) as pool:
+    options = {} if spec["poll_s"] is None else {"poll_s": spec["poll_s"]}
+    locks = Path(spec["locks"])
+    cycles: list[tuple[str, float, float, float, float]] = []
+    conflicts = 0
+    with Pool.open(spec["url"], **options) as pool:
         holder = Holder.current(purpose="bench")
         request = LeaseRequest()
-        time.sleep(max(0.0, go_at - time.time()))
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            t0 = time.perf_counter()
+        fds: dict[str, int] = {}
+        print("ready", flush=True)
+        go_at, stop_at = map(float, sys.stdin.readline().split())
+        time.sleep(max(0.0, go_at - time.monotonic()))
+        profiler = None
+        if spec["profile"]:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        while (asked := time.monotonic()) < stop_at:
             lease = pool.acquire(request, holder, ttl_s=60, timeout_s=120)
-            latencies.append(time.perf_counter() - t0)
-            if hold_s:
-                time.sleep(hold_s)
+            acquired = time.monotonic()
+            fd = fds.get(lease.serial)
+            if fd is None:
+                fd = fds[lease.serial] = os.open(locks / lease.serial, os.O_RDWR | os.O_CREAT)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
+            except BlockingIOError:
+                conflicts += 1
+                locked = False
+            time.sleep(spec["hold_s"])
+            if locked:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            release_called = time.monotonic()
             pool.release(lease.token)
-            cycles += 1
-    print(json.dumps({"latencies": latencies, "cycles": cycles}))
+            cycles.append((lease.serial, asked, acquired, release_called, time.monotonic()))
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(spec["profile"])
+    print(json.dumps({"cycles": cycles, "lock_conflicts": conflicts}))
 
 
-def run_backend(name: str, url: str, args: argparse.Namespace) -> dict[str, float]:
+# -- analysis ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cycle:
+    serial: str
+    asked: float
+    acquired: float
+    release_called: float
+    released: float
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def by_device(cycles: list[Cycle]) -> dict[str, list[Cycle]]:
+    devices: dict[str, list[Cycle]] = {}
+    for c in sorted(cycles, key=lambda c: c.acquired):
+        devices.setdefault(c.serial, []).append(c)
+    return devices
+
+
+def double_holds(cycles: list[Cycle]) -> int:
+    """Pairs of holds of one device whose [acquired, release_called) intervals overlap."""
+    overlaps = 0
+    for holds in by_device(cycles).values():
+        latest_end = -float("inf")
+        for h in holds:
+            if h.acquired < latest_end:
+                overlaps += 1
+            latest_end = max(latest_end, h.release_called)
+    return overlaps
+
+
+def handoff_gaps(cycles: list[Cycle], start: float, end: float) -> list[float]:
+    """For each release called in [start, end) while some process was waiting (asked before it,
+    acquired after it), the time until the device's next holder had it."""
+    # Waiting intervals [asked, acquired), to ask "was anyone waiting at t?" by bisection: someone was
+    # iff some interval that began before t ends after t.
+    waits = sorted((c.asked, c.acquired) for c in cycles)
+    starts = [w[0] for w in waits]
+    max_end_prefix: list[float] = []
+    best = -float("inf")
+    for _, acquired in waits:
+        best = max(best, acquired)
+        max_end_prefix.append(best)
+
+    def someone_waiting(t: float) -> bool:
+        i = bisect.bisect_left(starts, t)  # intervals that began strictly before t
+        return i > 0 and max_end_prefix[i - 1] > t
+
+    gaps = []
+    for holds in by_device(cycles).values():
+        for prev, nxt in zip(holds, holds[1:]):
+            if start <= prev.release_called < end and someone_waiting(prev.release_called):
+                gaps.append(nxt.acquired - prev.release_called)
+    return gaps
+
+
+def held_fraction(cycles: list[Cycle], devices: int, start: float, end: float) -> float:
+    held = sum(max(0.0, min(c.release_called, end) - max(c.acquired, start)) for c in cycles)
+    return held / (devices * (end - start))
+
+
+# -- running a phase --------------------------------------------------------------------------------
+
+def run_phase(url: str, procs: int, args: argparse.Namespace, locks: Path,
+              profile: Path | None) -> tuple[list[Cycle], int, float, float]:
+    """Start ``procs`` workers, release them at once, collect their cycles. Returns the cycles, the
+    flock conflicts, and the measured window (monotonic start, end)."""
+    workers = []
+    for i in range(procs):
+        spec = {"url": url, "hold_s": args.hold_ms / 1000, "locks": str(locks),
+                "poll_s": None if args.poll_ms is None else args.poll_ms / 1000,
+                "profile": str(profile) if profile is not None and i == 0 else None}
+        workers.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+    for w in workers:  # every process imported and connected: start them together
+        assert w.stdout is not None
+        if w.stdout.readline().strip() != "ready":
+            raise SystemExit(f"a worker failed to start ({w.wait()})")
+    go_at = time.monotonic() + 0.2
+    stop_at = go_at + args.seconds
+    for w in workers:
+        assert w.stdin is not None
+        w.stdin.write(f"{go_at} {stop_at}\n")
+        w.stdin.close()
+    cycles: list[Cycle] = []
+    conflicts = 0
+    for w in workers:
+        assert w.stdout is not None
+        out = w.stdout.read()
+        if w.wait() != 0:
+            raise SystemExit(f"a worker failed ({w.returncode})")
+        result = json.loads(out)
+        cycles += [Cycle(*c) for c in result["cycles"]]
+        conflicts += result["lock_conflicts"]
+    return cycles, conflicts, go_at + args.warmup, stop_at
+
+
+def run_backend(name: str, url: str, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
+    from farm.device_probe import DeviceInfo
     from farm.pool import Pool
 
     with Pool.open(url) as pool:
-        pool.sync([{"serial": f"bench{i:02d}", "server": "127.0.0.1:15037", "soc": "SM8650",
-                    "htp_arch": "v75", "virtual": True} for i in range(args.devices)])
-    go_at = time.time() + 2.0 + 0.1 * args.procs  # every process imported and connected by then
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", url, str(go_at), str(args.seconds),
-                               str(args.hold_ms / 1000), str(args.poll_ms / 1000)],
-                              stdout=subprocess.PIPE, text=True) for _ in range(args.procs)]
-    latencies: list[float] = []
-    cycles = 0
-    for p in procs:
-        out, _ = p.communicate()
-        if p.returncode != 0:
-            raise SystemExit(f"{name}: a worker failed ({p.returncode})")
-        result = json.loads(out)
-        latencies += result["latencies"]
-        cycles += result["cycles"]
-    latencies.sort()
-    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
-    return {"median_ms": statistics.median(latencies) * 1000, "p99_ms": p99 * 1000,
-            "cycles_per_s": cycles / args.seconds, "cycles": cycles}
+        pool.sync([DeviceInfo(serial=f"bench{i:02d}", server="127.0.0.1:15037", soc="SM8650",
+                              htp_arch="v75", virtual=True) for i in range(args.devices)])
+    locks = tmp / f"locks-{name}"
+    locks.mkdir()
+    prof = Path(args.profile) if args.profile else None
+    if prof is not None:
+        prof.mkdir(parents=True, exist_ok=True)
+    cycles, conflicts, start, end = run_phase(url, args.procs, args, locks,
+                                              prof / f"{name}-contended.prof" if prof else None)
+    gaps = handoff_gaps(cycles, start, end)
+    done = [c for c in cycles if start <= c.release_called < end]
+    quiet, quiet_conflicts, qstart, qend = run_phase(
+        url, args.devices, args, locks, prof / f"{name}-uncontended.prof" if prof else None)
+    acquire = [c.acquired - c.asked for c in quiet if qstart <= c.asked < qend]
+    return {"handoff_p50_ms": statistics.median(gaps) * 1000 if gaps else float("nan"),
+            "handoff_p99_ms": percentile(gaps, 0.99) * 1000, "handoffs": len(gaps),
+            "utilisation": held_fraction(cycles, args.devices, start, end),
+            "cycles_per_s": len(done) / (end - start),
+            "double_holds": double_holds(cycles) + double_holds(quiet),
+            "lock_conflicts": conflicts + quiet_conflicts,
+            "uncontended_p50_ms": statistics.median(acquire) * 1000 if acquire else float("nan"),
+            "uncontended_p99_ms": percentile(acquire, 0.99) * 1000, "acquires": len(acquire)}
+
+
+def postgres_url(base: str, schema: str) -> str:
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}options={quote(f'-csearch_path={schema}', safe='')}"
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        url, go_at, seconds, hold_s, poll_s = sys.argv[2:7]
-        worker(url, float(go_at), float(seconds), float(hold_s), float(poll_s))
+        worker(json.loads(sys.argv[2]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--procs", type=int, default=32)
+    parser.add_argument("--procs", type=int, default=32, help="contending processes")
     parser.add_argument("--devices", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--hold-ms", type=float, default=0.0, help="time each lease is held")
-    parser.add_argument("--poll-ms", type=float, default=50.0, help="waiter poll interval")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds not measured")
+    parser.add_argument("--hold-ms", type=float, default=100.0, help="time each lease is held")
+    parser.add_argument("--poll-ms", type=float, default=None,
+                        help="waiters' poll interval (default: the pool's)")
     parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--profile", metavar="DIR", help="cProfile worker 0 of each phase into DIR")
     args = parser.parse_args()
 
     results: dict[str, dict[str, float]] = {}
     backends = args.backends.split(",")
-    with tempfile.TemporaryDirectory(prefix="bench-pool-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-pool-") as tmpdir:
+        tmp = Path(tmpdir)
         if "sqlite" in backends:
-            results["sqlite"] = run_backend("sqlite", f"sqlite:///{tmp}/pool.db", args)
+            results["sqlite"] = run_backend("sqlite", f"sqlite:///{tmp}/pool.db", args, tmp)
         if "postgres" in backends:
             import psycopg
 
@@ -104,24 +265,37 @@ def main() -> int:
             with psycopg.connect(base, autocommit=True) as admin:
                 admin.execute(f'CREATE SCHEMA "{schema}"')
                 try:
-                    sep = "&" if "?" in base else "?"
-                    url = f"{base}{sep}options={quote(f'-csearch_path={schema}', safe='')}"
-                    results["postgres"] = run_backend("postgres", url, args)
+                    results["postgres"] = run_backend("postgres", postgres_url(base, schema), args, tmp)
                 finally:
                     admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
-    print(f"{args.procs} processes, {args.devices} devices, {args.seconds:g}s per backend, "
-          f"hold {args.hold_ms:g} ms, poll {args.poll_ms:g} ms, {os.cpu_count()} CPUs")
-    print(f"{'backend':<10} {'median ms':>10} {'p99 ms':>10} {'cycles/s':>10} {'cycles':>8}")
+    print(f"{args.procs} processes on {args.devices} devices, hold {args.hold_ms:g} ms, "
+          f"{args.seconds:g} s per phase ({args.warmup:g} s warm-up), uncontended: {args.devices} "
+          f"processes, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    print(f"{'backend':<9} {'handoff p50':>11} {'p99 ms':>7} {'n':>5} {'util %':>7} {'cycles/s':>9} "
+          f"{'double':>6} {'flock':>5} {'uncont p50':>10} {'p99 ms':>7} {'n':>5}")
+    met, total = 0, 0
     for name, r in results.items():
-        print(f"{name:<10} {r['median_ms']:>10.1f} {r['p99_ms']:>10.1f} {r['cycles_per_s']:>10.1f} "
-              f"{r['cycles']:>8.0f}")
+        print(f"{name:<9} {r['handoff_p50_ms']:>11.2f} {r['handoff_p99_ms']:>7.2f} {r['handoffs']:>5} "
+              f"{100 * r['utilisation']:>7.1f} {r['cycles_per_s']:>9.1f} {r['double_holds']:>6} "
+              f"{r['lock_conflicts']:>5} {r['uncontended_p50_ms']:>10.2f} "
+              f"{r['uncontended_p99_ms']:>7.2f} {r['acquires']:>5}")
+        checks = [r["handoff_p99_ms"] < TARGETS["handoff_p99_ms"],
+                  r["utilisation"] >= TARGETS["utilisation"],
+                  r["uncontended_p99_ms"] < TARGETS["uncontended_p99_ms"][name],
+                  r["double_holds"] == 0 and r["lock_conflicts"] == 0]
+        met, total = met + sum(checks), total + len(checks)
+    ideal = args.devices / (args.hold_ms / 1000)
+    parts = [f"{name}: handoff p99 {r['handoff_p99_ms']:.1f} ms, util {100 * r['utilisation']:.1f} %, "
+             f"cycles/s x{r['cycles_per_s'] / ideal:.3f} of ideal, uncontended p99 "
+             f"{r['uncontended_p99_ms']:.1f} ms" for name, r in results.items()]
     if len(results) == 2:
         s, p = results["sqlite"], results["postgres"]
-        print(f"postgres/sqlite: median latency x{p['median_ms'] / s['median_ms']:.2f}, "
-              f"p99 x{p['p99_ms'] / s['p99_ms']:.2f}, "
-              f"throughput x{p['cycles_per_s'] / s['cycles_per_s']:.2f}")
-    return 0
+        parts.append(f"postgres/sqlite handoff p99 x{p['handoff_p99_ms'] / s['handoff_p99_ms']:.2f}, "
+                     f"uncontended p99 x{p['uncontended_p99_ms'] / s['uncontended_p99_ms']:.2f}")
+    doubles = sum(r["double_holds"] + r["lock_conflicts"] for r in results.values())
+    print(f"summary: {'; '.join(parts)}; double holds {doubles}; targets met {met}/{total}")
+    return 0 if met == total else 1
 
 
 if __name__ == "__main__":

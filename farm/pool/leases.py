@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_POLL_S = 0.05
-# With grants pushed (PostgreSQL NOTIFY), a waiter polls only to notice expired leases and lost
+# With grants pushed (farm.pool.wakeup), a waiter polls only to notice expired leases and lost
 # notifications; a killed holder's device is then reclaimed within this much after its TTL.
 PUSHED_POLL_S = 1.0
 MAX_DESCRIBED_DEVICES = 12
@@ -128,8 +128,7 @@ def dispatch(txn: Txn, liveness_s: float | None = None) -> dict[int, str]:
             if entry.id not in granted and entry.request.matches(device):
                 granted[entry.id] = _grant(txn, device, entry)
                 break
-    if granted:
-        txn.notify(",".join(str(queue_id) for queue_id in granted))
+    txn.wake(granted)
     return granted
 
 
@@ -272,9 +271,12 @@ class Pool:
                     raise LeaseTimeout(outcome.timeout_message, serial=request.serial)
                 if outcome.refused is not None:
                     raise UsageError(outcome.refused)
-                if listener is None:
-                    # Listen before the next poll, so that no grant falls between the two.
-                    listener = self.store.listener()
+                if listener is None or listener.queue_id != queue_id:
+                    # Listen before the next poll, so that no grant falls between the two; anew
+                    # when we had to queue again (dropped as stale): wake-ups go to a queue entry.
+                    if listener is not None:
+                        listener.close()
+                    listener = self.store.listener(queue_id)
                 # Poll again at once: the write above may have come back empty-handed just as
                 # another process's dispatch granted us a device.
         except BaseException:

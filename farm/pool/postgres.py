@@ -13,6 +13,7 @@ The schema comes from the URL's search_path, e.g.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +27,10 @@ from psycopg.rows import dict_row
 from farm.errors import PoolError, UsageError
 from farm.pool.schema import SCHEMA_VERSION, apply_migrations, current_version
 from farm.pool.store import Listener, Store, Txn, redact_url
+from farm.pool.wakeup import pg_queue_channel
+
+# Listening connections a process keeps between waits: one per thread that waits at a time.
+MAX_IDLE_LISTENERS = 4
 
 
 class PostgresStore(Store):
@@ -42,6 +47,10 @@ class PostgresStore(Store):
         self._lock_timeout_s = lock_timeout_s
         self._conn: psycopg.Connection | None = None
         self._channel: str | None = None  # NOTIFY channel of this pool's schema, set by migrate()
+        # Listening connections of finished waits, reused by the next (see _recycle).
+        self._idle_listen: list[psycopg.Connection] = []
+        self._listen_lock = threading.Lock()
+        self._closed = False
 
     def _connect(self) -> psycopg.Connection:
         if self._conn is not None and not self._conn.closed and not self._conn.broken:
@@ -115,43 +124,75 @@ class PostgresStore(Store):
             raise PoolError(f"pool {self.display_url}: cannot create the pool schema: "
                             f"{_one_line(e)}") from e
 
-    def listener(self) -> Listener:
-        if self._channel is None:
+    def listener(self, queue_id: int | None = None) -> Listener:
+        if self._channel is None or queue_id is None:
             return Listener()
+        channel = pg_queue_channel(self._channel, queue_id)
+        with self._listen_lock:
+            conn = self._idle_listen.pop() if self._idle_listen else None
         try:
-            return _PgListener(self.url, self._channel, self._connect_timeout_s)
+            if conn is None:
+                conn = psycopg.connect(self.url, autocommit=True,
+                                       connect_timeout=max(1, math.ceil(self._connect_timeout_s)))
+            # One round trip: forget the previous waiter's channel, listen on this one's. (Its
+            # leftover notifications carry another queue id and are ignored.)
+            name = sql.Identifier(channel).as_string(conn)
+            conn.execute(f"UNLISTEN *; LISTEN {name}")
         except psycopg.Error:
+            if conn is not None:
+                conn.close()
             return Listener()  # polling still works; only slower to notice a grant
+        return _PgListener(self, conn, queue_id)
+
+    def _recycle(self, conn: psycopg.Connection) -> None:
+        """Keep a listener's connection for the next wait of this process: a new connection costs
+        the server a backend process and this host a few milliseconds of CPU."""
+        if conn.closed or conn.broken:
+            return
+        with self._listen_lock:
+            if not self._closed and len(self._idle_listen) < MAX_IDLE_LISTENERS:
+                self._idle_listen.append(conn)
+                return
+        conn.close()
 
     def close(self) -> None:
+        with self._listen_lock:
+            self._closed = True
+            idle, self._idle_listen = self._idle_listen, []
+        for conn in idle:
+            conn.close()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
 
 class _PgListener(Listener):
-    """LISTEN on the pool's channel on a connection of its own; ``dispatch`` NOTIFYs the queue ids it
-    granted, so a waiter wakes at once instead of at its next poll, and other waiters go back to
-    sleep without a query."""
+    """LISTEN on the waiter's own channel (``pg_queue_channel``), on a connection of its own; ``Txn.wake``
+    NOTIFYs it when dispatch grants the waiter a device, so that the waiter wakes at once instead of
+    at its next poll, and no other waiter wakes at all."""
 
     pushes = True
 
-    def __init__(self, url: str, channel: str, connect_timeout_s: float):
-        self._conn = psycopg.connect(url, autocommit=True,
-                                     connect_timeout=max(1, math.ceil(connect_timeout_s)))
-        self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+    def __init__(self, store: PostgresStore, conn: psycopg.Connection, queue_id: int):
+        self.queue_id = queue_id
+        self._store = store
+        self._conn: psycopg.Connection | None = conn
 
     def wait(self, timeout: float) -> set[int]:
         granted: set[int] = set()
+        if self._conn is None:
+            return super().wait(timeout)
         try:
             for note in self._conn.notifies(timeout=timeout, stop_after=1):
-                granted |= {int(x) for x in note.payload.split(",") if x}
+                granted |= {int(x) for x in note.payload.split(",") if x.isdigit()}
         except psycopg.Error:
             time.sleep(timeout)  # the poll that follows reports a dead server properly
         return granted
 
     def close(self) -> None:
-        self._conn.close()
+        if self._conn is not None:
+            self._store._recycle(self._conn)
+            self._conn = None
 
 
 def _one_line(e: Exception) -> str:

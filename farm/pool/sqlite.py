@@ -4,6 +4,9 @@ WAL lets readers (``farm pool status``) run beside the single writer; every pool
 ``BEGIN IMMEDIATE`` transaction, which takes the database's write lock before reading anything, so two
 processes can never both see a device as available and both take it. ``busy_timeout`` makes a writer
 wait for the lock instead of failing at once; past it, the caller gets a PoolError, not a hang.
+
+A waiter is woken by the releaser that granted it a device, through a Unix datagram socket
+(``farm.pool.wakeup``), sent after the grant's COMMIT so that the woken waiter's read sees it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Any
 
 from farm.errors import PoolError, UsageError
 from farm.pool.schema import SCHEMA_VERSION, apply_migrations, current_version
-from farm.pool.store import Store, Txn
+from farm.pool.store import Listener, Store, Txn
+from farm.pool.wakeup import SocketAddresses, SocketWaker
 
 
 def sqlite_path(url: str) -> Path:
@@ -42,6 +46,7 @@ class SqliteStore(Store):
         self.path = sqlite_path(url)
         self._lock_timeout_s = lock_timeout_s
         self._conn: sqlite3.Connection | None = None
+        self._waker = SocketWaker(SocketAddresses(self.path))
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
@@ -76,7 +81,8 @@ class SqliteStore(Store):
             raise PoolError(f"pool {self.url}: cannot start a transaction within "
                             f"{self._lock_timeout_s:g}s: {e}") from e
         try:
-            yield Txn(conn.cursor(), time.time())
+            txn = Txn(conn.cursor(), time.time())
+            yield txn
             conn.execute("COMMIT")
         except sqlite3.Error as e:
             self._rollback(conn)
@@ -84,6 +90,8 @@ class SqliteStore(Store):
         except BaseException:
             self._rollback(conn)
             raise
+        if txn.woken:
+            self._waker.wake(txn.woken)
 
     @staticmethod
     def _rollback(conn: sqlite3.Connection) -> None:
@@ -100,7 +108,11 @@ class SqliteStore(Store):
         with self.write() as txn:
             apply_migrations(txn, self.dialect, self.url)
 
+    def listener(self, queue_id: int | None = None) -> Listener:
+        return self._waker.listener(queue_id)
+
     def close(self) -> None:
+        self._waker.close()
         if self._conn is not None:
             self._conn.close()
             self._conn = None

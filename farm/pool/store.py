@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -39,6 +39,8 @@ class Txn:
         self._notify_channel = notify_channel
         # Set when a device became available in this transaction: the pool then hands it out.
         self.freed = False
+        # Queue ids granted a lease in this transaction, for the backend to wake after commit.
+        self.woken: list[int] = []
 
     def _sql(self, sql: str) -> str:
         return sql if self._placeholder == "?" else sql.replace("?", self._placeholder)
@@ -55,10 +57,23 @@ class Txn:
         rows = self.all(sql, params)
         return rows[0] if rows else None
 
-    def notify(self, payload: str) -> None:
-        """Wake waiters (PostgreSQL NOTIFY, delivered at commit); without a channel, waiters poll."""
-        if self._notify_channel is not None:
-            self.run("SELECT pg_notify(?, ?)", (self._notify_channel, payload))
+    def wake(self, queue_ids: Iterable[int]) -> None:
+        """Wake the waiters of these queue entries once this transaction commits (they were granted a
+        lease). PostgreSQL: NOTIFY, which the server delivers at commit; SQLite: the store pokes the
+        waiters' sockets after its COMMIT. A wake-up is only a hint: a lost one costs the waiter its
+        poll interval, never a lease."""
+        ids = [int(q) for q in queue_ids]
+        self.woken += ids
+        if self._notify_channel is not None and ids:
+            from farm.pool.wakeup import pg_queue_channel
+
+            # One channel per waiter, so that a grant wakes only its waiter (not every listener of
+            # the pool); the pool-wide channel too, for listeners of older versions of this code.
+            channels = [self._notify_channel, *(pg_queue_channel(self._notify_channel, q)
+                                                for q in ids)]
+            payloads = [",".join(map(str, ids)), *map(str, ids)]
+            self.run("SELECT pg_notify(c, p) FROM unnest(?::text[], ?::text[]) AS t(c, p)",
+                     (channels, payloads))
 
     def insert(self, sql: str, params: tuple | list = ()) -> int:
         """Run an ``INSERT ... RETURNING id`` and return the id."""
@@ -68,9 +83,11 @@ class Txn:
 
 
 class Listener:
-    """Waits for grant notifications. This one only sleeps: waiters poll (SQLite)."""
+    """Waits for grant notifications. This one only sleeps: waiters poll (the fallback when a backend
+    has no wake-up, or it could not be set up)."""
 
     pushes = False  # True when grants are announced, so that polls are only a fallback
+    queue_id: int | None = None  # the queue entry whose grant this listener hears of
 
     def wait(self, timeout: float) -> set[int]:
         """Block up to ``timeout``; return the queue ids that were granted a lease meanwhile, as far
@@ -116,8 +133,9 @@ class Store(ABC):
     @abstractmethod
     def _query_one(self, sql: str, params: tuple) -> dict[str, Any]: ...
 
-    def listener(self) -> Listener:
-        """Something a waiter blocks on between polls; opened when a request has to wait."""
+    def listener(self, queue_id: int | None = None) -> Listener:
+        """Something the waiter of queue entry ``queue_id`` blocks on between polls; opened when a
+        request has to wait, before its next poll (so that no grant falls between the two)."""
         return Listener()
 
     @abstractmethod
