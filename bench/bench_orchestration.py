@@ -38,7 +38,8 @@ def test_device_work(device, i):
 '''
 
 
-def run_once(tmp: Path, devices: int, tests: int, sleep: float, bundle: Path) -> float:
+def run_once(tmp: Path, devices: int, tests: int, sleep: float, bundle: Path,
+             extra: list[str]) -> float:
     """Wall seconds of one pytest run of ``tests`` tests on ``devices`` fresh virtual devices."""
     from farm.virtual import VirtualDeviceSpec, VirtualFarm
     from tests.plugin_helpers import explain, farm_toml, run_pytest
@@ -50,7 +51,7 @@ def run_once(tmp: Path, devices: int, tests: int, sleep: float, bundle: Path) ->
         config = farm_toml(work / "farm.toml", vf.adb_server.port, f"sqlite:///{work / 'pool.db'}")
         started = time.perf_counter()
         proc = run_pytest(["test_device_work.py", "-n", str(devices), "--farm-config", str(config),
-                           "--farm-bundle", str(bundle), "--farm-out", str(work / "out")],
+                           "--farm-bundle", str(bundle), "--farm-out", str(work / "out"), *extra],
                           cwd=work, timeout=3600)
         wall = time.perf_counter() - started
     if proc.returncode != 0 or f"{tests} passed" not in proc.stdout:
@@ -63,24 +64,28 @@ def main() -> int:
     parser.add_argument("--tests", type=int, default=48)
     parser.add_argument("--sleep", type=float, default=2.0)
     parser.add_argument("--devices", default="1,2,4,8")
+    parser.add_argument("--pytest-args", default="",
+                        help="extra pytest arguments, e.g. '-p no:hypothesispytest -p no:hydra_pytest' "
+                             "to measure without the third-party plugins the environment installs")
     args = parser.parse_args()
+    extra = args.pytest_args.split()
     from tests.device_helpers import make_qnn_bundle
 
     counts = [int(d) for d in args.devices.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-orchestration-", dir="/tmp"))
     try:
         bundle = make_qnn_bundle(tmp / "bundle", name="orchestration")
-        idle = run_once(tmp, 1, args.tests, 0, bundle)
+        idle = run_once(tmp, 1, args.tests, 0, bundle, extra)
         rows = []
         for d in counts:
-            wall = run_once(tmp, d, args.tests, args.sleep, bundle)
+            wall = run_once(tmp, d, args.tests, args.sleep, bundle, extra)
             ideal = math.ceil(args.tests / d) * args.sleep
             rows.append((d, wall, ideal))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"{args.tests} tests of `sleep {args.sleep:g}` on the device, through the pytest plugin "
-          f"(-n D, one worker per device)")
+          f"(-n D, one worker per device){' ' + args.pytest_args if extra else ''}")
     print(f"  {'devices':>7} {'wall s':>8} {'ideal s':>8} {'ratio':>6} {'overhead s':>11} "
           f"{'per test on a device s':>23}")
     for d, wall, ideal in rows:
