@@ -1,6 +1,7 @@
-"""``farm virtual up|down|ls``: virtual Snapdragon devices behind the farm's own adb server.
+"""``farm virtual up|down|ls|set|reboot|offline|online``: virtual Snapdragon devices behind the farm's own
+adb server.
 
-``up`` and ``down`` sync the pool with that server afterwards: started devices are available at
+``up``, ``down``, ``offline`` and ``online`` sync the pool with that server afterwards: started devices are available at
 once, stopped ones offline (nobody is handed a dead device)."""
 
 from __future__ import annotations
@@ -116,3 +117,83 @@ def ls(as_json: bool) -> None:
                       "running" if s.alive else "dead", s.adb_state,
                       "view" if s.process.confined else "unconfined", str(s.process.root))
     Console().print(table)
+
+
+def _zone(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, float]:
+    zones: dict[str, float] = {}
+    for value in values:
+        zone, sep, temp = value.rpartition("=")
+        try:
+            zones[zone] = float(temp)
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: expected ZONE=DEGREES_C, e.g. cpu-1-0=45 or "
+                                     f"thermal_zone2=45.5", param=param) from None
+        if not sep or not zone:
+            raise click.BadParameter(f"{value!r}: expected ZONE=DEGREES_C", param=param)
+    return zones
+
+
+@virtual.command("set")
+@click.argument("serial")
+@click.option("--battery-level", type=click.IntRange(0, 100), default=None, metavar="PERCENT",
+              help="Battery level in %.")
+@click.option("--battery-temp", type=float, default=None, metavar="C",
+              help="Battery temperature in deg C (what `dumpsys battery` and the cooldown read).")
+@click.option("--battery-status", type=click.Choice(["Charging", "Discharging", "Not charging",
+                                                     "Full", "Unknown"]), default=None)
+@click.option("--thermal", "thermal", multiple=True, callback=_zone, metavar="ZONE=C",
+              help="A thermal zone's temperature in deg C; ZONE is its type (cpu-1-0, nsphvx-0), "
+                   "thermal_zoneN or N; a new type adds a zone. Repeatable.")
+@json_option
+@config_option
+def set_state(serial: str, battery_level: int | None, battery_temp: float | None,
+              battery_status: str | None, thermal: dict[str, float], as_json: bool) -> None:
+    """Set a virtual device's battery and thermal zones (at once, running or offline).
+
+    \b
+    Examples:
+      farm virtual set 127.0.0.1:40001 --battery-temp 45 --thermal cpu-1-0=80
+      farm virtual set 127.0.0.1:40001 --battery-level 15 --battery-status Discharging
+    """
+    state = _farm().set_phone(serial, battery_level=battery_level, battery_temp_c=battery_temp,
+                              battery_status=battery_status, thermal=thermal)
+    if as_json:
+        click.echo(json.dumps(state.to_json(), indent=1))
+        return
+    zones = ", ".join(f"{z.type}={z.temp_c:g}" for z in state.thermal)
+    click.echo(f"{serial}: battery {state.battery_level}% {state.battery_temp_c:g} C "
+               f"{state.battery_status}; thermal {zones}")
+
+
+@virtual.command("reboot")
+@click.argument("serial")
+@config_option
+def reboot(serial: str) -> None:
+    """`adb reboot` a virtual device and wait until it is back: same port and storage, every process
+    of the previous boot gone."""
+    vf = _farm()
+    dev = vf.reboot(serial)
+    click.echo(f"{dev.serial}: rebooted (pid {dev.pid})")
+
+
+@virtual.command("offline")
+@click.argument("serial")
+@config_option
+def offline(serial: str) -> None:
+    """Stop a virtual device's process, like a phone that died or was unplugged: the adb server
+    lists it offline. `farm virtual online` brings it back with its storage."""
+    vf = _farm()
+    vf.kill(serial)
+    click.echo(f"{serial}: offline")
+    _sync_pool(vf.adb_server)
+
+
+@virtual.command("online")
+@click.argument("serial")
+@config_option
+def online(serial: str) -> None:
+    """Start an offline virtual device again, on the same port with the same storage."""
+    vf = _farm()
+    dev = vf.restart(serial)
+    click.echo(f"{dev.serial}: online (pid {dev.pid})")
+    _sync_pool(vf.adb_server)
