@@ -42,7 +42,9 @@ def virtual(tmp_path_factory):
 @pytest.fixture
 def device(virtual):
     vf, record = virtual
-    return find_device([vf.adb_server], record.serial)
+    device = find_device([vf.adb_server], record.serial)
+    device.vf = vf  # for _ws: where the device's storage is on the host
+    return device
 
 
 def make_bundle(root: Path, name: str, sizes: dict[str, int]) -> Bundle:
@@ -62,7 +64,8 @@ SIZES = {"model.pte": 3 * MB + 17, "libA.so": 700_001, "libB.so": 300_000, "libC
 
 
 def _ws(device, bundle) -> Path:
-    return Path(bundle_workspace(device, bundle))  # a virtual device's workspace is a host path
+    """The bundle's workspace as a host path (a virtual device's storage is a host directory)."""
+    return device.vf.device(device.serial).host_path(bundle_workspace(device, bundle))
 
 
 def _sha(path: Path) -> str:
