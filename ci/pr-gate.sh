@@ -66,15 +66,16 @@ try:
 except (OSError, tomllib.TOMLDecodeError) as e:
     sys.exit(f"{path}: {e}")
 socs, marker = gate.get("socs", []), gate.get("marker", "gate")
-if not (isinstance(socs, list) and all(isinstance(s, str) for s in socs) and isinstance(marker, str)):
-    sys.exit(f"{path}: [gate] socs must be a list of SoC names and marker a string")
+if not (isinstance(socs, list) and all(isinstance(s, str) for s in socs)
+        and isinstance(marker, str) and marker.strip()):
+    sys.exit(f"{path}: [gate] socs must be a list of SoC names and marker a pytest -m expression")
+print(*socs)  # the first line, maybe empty
 print(marker)
-print(*socs)
 EOF
 ) || bad_usage "cannot read the gate config $gate_config"
-marker=${gate%%$'\n'*}
+marker=${gate#*$'\n'}
 if [ "${#socs[@]}" -eq 0 ]; then
-  read -r -a socs <<<"${gate#*$'\n'}"
+  read -r -a socs <<<"${gate%%$'\n'*}"
 fi
 [ "${#socs[@]}" -gt 0 ] || bad_usage "no SoC to gate on (arguments, PTEFARM_GATE_SOCS or $gate_config)"
 for soc in "${socs[@]}"; do
@@ -93,7 +94,7 @@ args+=(${passthrough[@]+"${passthrough[@]}"})
 args+=(-- -m "$marker" ${pytest_args[@]+"${pytest_args[@]}"})
 echo "$me: gate on ${socs[*]}$([ "$virtual" = 1 ] && echo ' (virtual devices)'), config" \
   "${PTEFARM_CONFIG:-./farm.toml if present}" >&2
-echo "+ farm ${args[*]}" >&2
+echo "+ farm$(printf " %q" "${args[@]}")" >&2
 
 code=0
 farm "${args[@]}" || code=$?

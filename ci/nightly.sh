@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The nightly qualification, and the release qualification with PTEFARM_PURPOSE=release: the farm's full
+# suites (smoke, correctness, throughput) on every SoC of the farm's configured pool (farm.toml /
+# $PTEFARM_CONFIG), `farm qualify --purpose nightly|release`, throughput gated against a named baseline.
+#
+#   ci/nightly.sh [--virtual] [--out DIR] [--bundle MANIFEST] [--baseline NAME] [--min-effect PCT]
+#                 [--inconclusive pass|fail] [--config FILE] [SOC...] [-- PYTEST_ARGS]
+#
+# SoCs: the arguments, else every SoC the pool has. --virtual is a dry run on fresh virtual devices
+# (the arguments as SOC[:N], default SM8650:2 SM8550 SM8750) behind a private adb server and pool.
+# Baseline: --baseline, else $PTEFARM_BASELINE, else the latest named baseline of the bundle
+# (`farm baseline set RUN --name v1.0`); "none" gates on the thresholds only.
+# Reports land in --out [default: reports/<purpose>-<UTC date-time>]: junit/<device>.xml, summary.md,
+# results.json, report.md, report.html. Then ci/annotations.py prints failures as GitHub annotations
+# (infrastructure errors as warnings titled so) and appends report.md to $GITHUB_STEP_SUMMARY if set.
+# The last line is the HTML report's path. Environment: PTEFARM_PURPOSE (nightly, the default, or
+# release), PTEFARM_BUNDLE (a manifest, default the reference bundle farm exports), PTEFARM_BASELINE.
+# --config, --min-effect and --inconclusive go to farm qualify as they are. Paths are relative to the
+# repository root.
+#
+# Exit code (farm/exitcodes.py): 0 qualified, 1 test failures, 2 bad usage, 3 infrastructure only,
+# 4 throughput regression, 130 interrupted.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+me=ci/nightly.sh
+
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
+bad_usage() { echo "$me: $*" >&2; echo "usage: $me [--virtual] [--out DIR] [--bundle MANIFEST]" \
+  "[--baseline NAME] [--min-effect PCT] [--inconclusive pass|fail] [--config FILE] [SOC...]" \
+  "[-- PYTEST_ARGS]  ($me --help)" >&2; exit 2; }
+
+purpose=${PTEFARM_PURPOSE:-nightly}
+case "$purpose" in
+  nightly|release) ;;
+  *) bad_usage "PTEFARM_PURPOSE must be nightly or release, got '$purpose'" ;;
+esac
+virtual=0 out="" bundle=${PTEFARM_BUNDLE:-} baseline=${PTEFARM_BASELINE:-}
+socs=() passthrough=() pytest_args=()
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --virtual) virtual=1 ;;
+    --out|--bundle|--baseline|--config|--min-effect|--inconclusive)
+      if [ "$#" -lt 2 ] || [ -z "$2" ]; then bad_usage "$1 needs a value"; fi
+      case "$1" in
+        --out) out=$2 ;; --bundle) bundle=$2 ;; --baseline) baseline=$2 ;; *) passthrough+=("$1" "$2") ;;
+      esac
+      shift ;;
+    --out=*) out=${1#*=} ;;
+    --bundle=*) bundle=${1#*=} ;;
+    --baseline=*) baseline=${1#*=} ;;
+    --config=*|--min-effect=*|--inconclusive=*) passthrough+=("$1") ;;
+    --) shift; pytest_args=("$@"); break ;;
+    -*) bad_usage "unknown option $1" ;;
+    *) socs+=("$1") ;;
+  esac
+  shift
+done
+if [ "$virtual" = 1 ]; then pattern='^[A-Za-z0-9]+(:[1-9][0-9]*)?$'; else pattern='^[A-Za-z0-9]+$'; fi
+for soc in ${socs[@]+"${socs[@]}"}; do
+  [[ "$soc" =~ $pattern ]] || bad_usage "bad SoC '$soc' (a name like SM8650$([ "$virtual" = 1 ] && echo ', or SM8650:2'))"
+done
+if [ "$virtual" = 1 ] && [ "${#socs[@]}" -eq 0 ]; then
+  socs=(SM8650:2 SM8550 SM8750)  # ci/qualify.sh's devices
+fi
+
+ci/setup.sh || { echo "$me: set-up failed (ci/setup.sh): infrastructure" >&2; exit 3; }
+# shellcheck disable=SC1091
+. .venv/bin/activate
+
+out=${out:-reports/$purpose-$(date -u +%Y%m%d-%H%M%S)}
+args=(qualify --purpose "$purpose" --priority "$purpose" --out "$out")
+for soc in ${socs[@]+"${socs[@]}"}; do
+  if [ "$virtual" = 1 ]; then args+=(--virtual "$soc"); else args+=(--soc "$soc"); fi
+done
+[ -z "$bundle" ] || args+=(--bundle "$bundle")
+[ -z "$baseline" ] || args+=(--baseline "$baseline")  # else farm qualify takes the latest named one
+args+=(${passthrough[@]+"${passthrough[@]}"})
+[ "${#pytest_args[@]}" -eq 0 ] || args+=(-- "${pytest_args[@]}")
+echo "$me: $purpose qualification on ${socs[*]:-every SoC of the pool}$([ "$virtual" = 1 ] &&
+  echo ' (virtual devices)'), config ${PTEFARM_CONFIG:-./farm.toml if present}," \
+  "baseline ${baseline:-the latest named one}" >&2
+echo "+ farm$(printf " %q" "${args[@]}")" >&2
+
+code=0
+farm "${args[@]}" || code=$?
+python ci/annotations.py "$out" --exit-code "$code" \
+  || echo "$me: warning: ci/annotations.py failed; the report is in $out" >&2
+if [ -f "$out/report.html" ]; then
+  realpath -- "$out/report.html"  # the last line: where the report is
+fi
+exit "$code"
