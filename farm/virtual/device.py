@@ -117,6 +117,8 @@ class VirtualDevice:
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
         self.reboot_requested = threading.Event()
+        self._transports: set[Transport] = set()
+        self._transports_lock = threading.Lock()
 
     def sync_argv(self, faults: Faults) -> list[str]:
         """The sync worker of one session: inside the view, or confined by path on the host."""
@@ -152,6 +154,9 @@ class VirtualDevice:
                 conn, _ = self._listener.accept()
             except OSError:
                 break
+            if self._stopping.is_set():  # stopping (a reboot): a phone that is going away answers none
+                conn.close()
+                break
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 conn.setsockopt(socket.SOL_SOCKET, opt, 4 * 1024 * 1024)
@@ -160,14 +165,28 @@ class VirtualDevice:
     def stop(self) -> None:
         self._stopping.set()
         if self._listener is not None:
+            try:  # wakes the accept() of serve_forever (a close alone does not, on Linux)
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError as e:
+                log.debug("listener shutdown: %s", e)
             self._listener.close()
         kill_commands(self.root / PGID_DIR)
         if self.namespaces is not None:
             self.namespaces.stop()  # ends whatever still runs inside
 
     # --- one transport (TCP connection from the adb server) ----------------------------------
+    def drop_connections(self) -> None:
+        """Close every transport at once, as a phone that goes away does: the server lists the
+        device offline, and its clients' streams end."""
+        with self._transports_lock:
+            transports = list(self._transports)
+        for transport in transports:
+            transport.close()
+
     def _serve_connection(self, sock: socket.socket) -> None:
         transport = Transport(sock)
+        with self._transports_lock:
+            self._transports.add(transport)
         streams: dict[int, Stream] = {}
         lock = threading.Lock()
         ids = itertools.count(1)
@@ -209,6 +228,8 @@ class VirtualDevice:
             log.info("connection ended: %s", e)
         finally:
             transport.close()
+            with self._transports_lock:
+                self._transports.discard(transport)
             with lock:
                 orphans = list(streams.values())
                 streams.clear()
@@ -229,10 +250,12 @@ class VirtualDevice:
                 run_shell(stream, request, self.ctx)
         elif service.startswith("reboot:"):
             def target(stream: Stream) -> None:
+                # Like adbd: the connection drops at once (the client's `adb reboot` returns with
+                # the device already offline), then the device is away for a moment.
                 log.info("reboot requested (%r)", service)
-                stream.close()
                 self.reboot_requested.set()
                 self.stop()  # serve_forever returns; main() re-executes the process
+                self.drop_connections()
         else:
             log.info("refusing service %r", service)
             transport.send(A_CLSE, 0, remote_id)

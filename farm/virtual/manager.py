@@ -234,8 +234,11 @@ class VirtualFarm:
         dev = self.device(serial)
         timeout = timeout or self.start_timeout
         before = _read_run(dev.root).get("boot")
-        try:
-            self.client().device(dev.serial).reboot()
+        try:  # the reboot: service, as `adb reboot` opens it (adbutils' reboot() runs a shell command)
+            with self.client().device(dev.serial).open_transport(timeout=10) as conn:
+                conn.send_command("reboot:")
+                conn.check_okay()
+                conn.read_until_close()
         except (adbutils.AdbError, OSError) as e:
             raise AdbError(f"reboot of {dev.serial} failed: {e}", serial=dev.serial) from None
         run: dict = {}

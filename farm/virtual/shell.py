@@ -95,9 +95,12 @@ class CommandContext:
     shell: str = "/system/bin/sh"
     enter: Callable[[list[str]], list[str]] = field(default=_identity)
 
-    def argv(self, command: str) -> list[str]:
-        """``sh -c command``, or an interactive ``sh`` for an empty command."""
-        return self.enter([self.shell, "-c", command] if command.strip() else [self.shell, "-"])
+    def argv(self, command: str, *, pty: bool = False) -> list[str]:
+        """``sh -c command``, or an interactive ``sh`` for an empty command. With a pty: in a new
+        session of its own *inside* the device (``setsid -c``), whose controlling terminal the pty
+        is, so a shell has job control there (a session made on the host is not visible inside)."""
+        argv = [self.shell, "-c", command] if command.strip() else [self.shell, "-"]
+        return self.enter(["/usr/bin/setsid", "--wait", "--ctty", *argv] if pty else argv)
 
 
 def kill_commands(pgid_dir: Path) -> None:
@@ -122,9 +125,8 @@ def run_shell(stream: Stream, request: ShellRequest, ctx: CommandContext) -> Non
         if request.pty:
             master, slave = pty.openpty()
             try:
-                proc = subprocess.Popen(ctx.argv(command), stdin=slave, stdout=slave, stderr=slave,
-                                        cwd=ctx.cwd, env=env, start_new_session=True,
-                                        preexec_fn=_take_terminal)
+                proc = subprocess.Popen(ctx.argv(command, pty=True), stdin=slave, stdout=slave,
+                                        stderr=slave, cwd=ctx.cwd, env=env, start_new_session=True)
             finally:
                 os.close(slave)
         else:
@@ -195,12 +197,6 @@ def run_shell(stream: Stream, request: ShellRequest, ctx: CommandContext) -> Non
     stream.close()  # also wakes the stdin feeder
     stdin_thread.join(timeout=5)
     sink.close()
-
-
-def _take_terminal() -> None:
-    """In the child, before exec: make the pty (its stdin) the controlling terminal of its new
-    session, so an interactive shell has job control and ^C reaches the command."""
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 class _CommandInput:
