@@ -9,7 +9,7 @@ and must stay inside it. ``verify_bundle`` checks sizes and sha256 (cached per p
     {
       "format": "ptefarm-bundle/1",
       "name": "reference-tiny",
-      "runner_dialect": "host" | "qnn-v1.0" | "qnn-shared-buffer",
+      "runner_dialect": "host" | "qnn-v1.0" | "qnn-shared-buffer" | "auto",  # absent: auto (QNN)
       "decoder_model_version": "llama3",
       "tokenizer": "tokenizer.model",
       "runner": "qnn_llama_runner",              # a file name, absent for the host runner
@@ -21,6 +21,10 @@ and must stay inside it. ``verify_bundle`` checks sizes and sha256 (cached per p
     }
 
 ``htp_arch`` (e.g. "v75") marks a QNN library that only devices of that HTP arch receive.
+
+``runner_dialect`` ``auto`` (the default for a manifest with a ``runner``) leaves the dialect to the runner
+itself: its ``--help`` on the device tells (farm.runprofile.detect_dialect). Without a ``runner``, ``auto``
+means the host runner ``farm-llama-runner``, asked the same way.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ from farm.vocab import EVAL_MODE_NUMBERS, Dialect
 
 FORMAT = "ptefarm-bundle/1"
 DIALECTS: tuple[Dialect, ...] = tuple(Dialect)
+AUTO_DIALECT = "auto"  # read from the runner's --help on the device (farm.runprofile.detect_dialect)
+MANIFEST_DIALECTS: tuple[str, ...] = (*DIALECTS, AUTO_DIALECT)
+HOST_RUNNER = "farm-llama-runner"  # the runner of dialect host, on every device's PATH
 CONTEXT_KEYS = ("max_seq_len", "max_context_len", "context_len")  # model fields naming the context
 ROLES = ("pte", "tokenizer", "runner", "backend_lib", "qnn_lib", "other")
 
@@ -221,10 +228,13 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
     fmt = raw.get("format")
     if fmt != FORMAT:
         raise UsageError(f"{where}: field 'format' is {fmt!r}, expected {FORMAT!r}")
-    dialect = _require(raw, "runner_dialect", str, where)
-    if dialect not in DIALECTS:
+    if raw.get("runner_dialect") is None and raw.get("runner") is not None:
+        dialect = AUTO_DIALECT  # a QNN runner can tell its own dialect
+    else:
+        dialect = _require(raw, "runner_dialect", str, where)
+    if dialect not in MANIFEST_DIALECTS:
         raise UsageError(f"{where}: field 'runner_dialect' is {dialect!r}, expected one of "
-                         f"{', '.join(DIALECTS)}")
+                         f"{', '.join(MANIFEST_DIALECTS)}")
     name_field = _optional(raw, "name", str, manifest_path.parent.name, where)
     decoder = _optional(raw, "decoder_model_version", str, "llama3", where)
     model = _optional(raw, "model", dict, {}, where)
@@ -285,6 +295,8 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
     if dialect == Dialect.HOST:
         if runner is not None:
             raise UsageError(f"{where}: field 'runner' must be absent for the host runner dialect")
+    elif dialect == AUTO_DIALECT and runner is None:
+        pass  # the host runner, asked for its dialect like any other
     elif not isinstance(runner, str) or runner not in names:
         raise UsageError(f"{where}: field 'runner' must name one of the manifest's files "
                          f"for dialect {dialect!r}")

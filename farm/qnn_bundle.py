@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from farm.bundle import DIALECTS, Bundle, BundleFile, Mode, describe_file
+from farm.bundle import MANIFEST_DIALECTS, Bundle, BundleFile, Mode, describe_file
 from farm.errors import UsageError
 from farm.vocab import Dialect, EvalMode
 
@@ -60,9 +60,10 @@ def sdk_libs(sdk: Path, arch: str) -> list[tuple[Path, str | None]]:
 
 def make_manifest(a: QnnArtifacts, manifest_path: Path) -> Bundle:
     """Describe the artifacts (sizes, sha256) and write the manifest atomically."""
-    if a.dialect not in DIALECTS or a.dialect == Dialect.HOST:
+    qnn_dialects = [d for d in MANIFEST_DIALECTS if d != Dialect.HOST]  # "auto": the runner tells
+    if a.dialect not in qnn_dialects:
         raise UsageError(f"--dialect: {a.dialect!r} is not a QNN runner dialect "
-                         f"({', '.join(d for d in DIALECTS if d != Dialect.HOST)})")
+                         f"({', '.join(qnn_dialects)})")
     if not a.ptes:
         raise UsageError("--pte: at least one MODE=FILE is needed (kv=..., hybrid=...)")
     if not a.htp_archs:

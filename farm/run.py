@@ -22,6 +22,7 @@ import posixpath
 import re
 import secrets
 import shlex
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,7 +32,16 @@ from farm.bundle import Bundle
 from farm.deploy import bundle_workspace
 from farm.device_protocol import DeviceLike
 from farm.errors import DeviceTimeout, FarmError, InfraError, RunIncomplete
-from farm.runprofile import RunnerCommand, RunRequest, build_command, kill_command
+from farm.runprofile import (
+    RunnerCommand,
+    RunRequest,
+    build_command,
+    help_command,
+    help_names_dialect,
+    kill_command,
+    settle_dialect,
+)
+from farm.vocab import Dialect
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +209,36 @@ def _pull_outputs(device: DeviceLike, command: RunnerCommand, timeout: float) ->
     return files
 
 
+# (device serial, sha256 of the runner file) -> what its --help printed there. Keyed by the runner's
+# bytes, not the whole bundle's: a new .pte beside the same runner needs no new question. Only answers
+# are kept: a help that names no dialect (no runner there yet, a stand-in script) is asked again.
+_HELP: dict[tuple[str, str], str] = {}
+_HELP_LOCK = threading.Lock()
+
+
+def runner_dialect(device: DeviceLike, bundle: Bundle, *, timeout: float = 60.0) -> Dialect:
+    """The dialect to drive the bundle's runner with on ``device`` (deployed already). A bundle of
+    declared dialect ``host`` is the farm's own runner: taken as declared. Any other runner prints its
+    ``--help`` once per device and runner build (cached for the process); ``auto`` takes the dialect
+    it shows, a declaration it contradicts is a ``UsageError`` (farm.runprofile.settle_dialect)."""
+    if bundle.runner_dialect == Dialect.HOST:
+        return Dialect.HOST
+    runner = next((f for f in bundle.files if f.role == "runner" and f.name == bundle.runner), None)
+    key = (device.serial, runner.sha256 if runner else "host-runner")
+    with _HELP_LOCK:
+        text = _HELP.get(key)
+    if text is not None:
+        return settle_dialect(bundle, text, device.serial)
+    # gflags exits 1 after --help: the text, not the exit code, is the answer.
+    shell = device.shell(help_command(bundle, bundle_workspace(device, bundle)), timeout=timeout)
+    text = shell.out + shell.err  # the runner's own output is on stdout; the shell's complaints not
+    dialect = settle_dialect(bundle, text, device.serial, exit_code=shell.exit_code)
+    if help_names_dialect(text):
+        with _HELP_LOCK:
+            _HELP[key] = text
+    return dialect
+
+
 def run(device: DeviceLike, bundle: Bundle, request: RunRequest, *, timeout: float = 600.0,
         local_dir: Path | None = None, keep_remote: bool = False, run_id: str | None = None,
         io_timeout: float = 60.0) -> RunResult:
@@ -209,7 +249,8 @@ def run(device: DeviceLike, bundle: Bundle, request: RunRequest, *, timeout: flo
     ``RunIncomplete`` for a zero exit without outputs.
     """
     workspace = bundle_workspace(device, bundle)
-    command = build_command(bundle, request, workspace, run_id or new_run_id())
+    dialect = runner_dialect(device, bundle, timeout=io_timeout)
+    command = build_command(bundle, request, workspace, run_id or new_run_id(), dialect)
     started = time.monotonic()
     try:
         shell = device.shell(command.shell, timeout=timeout)

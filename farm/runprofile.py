@@ -8,6 +8,12 @@ Three dialects exist (see the ExecuTorch fact sheet):
 - ``host``: ``farm-llama-runner``, the farm's reference runner, v1.0.1's flags plus ``--token_ids_path``
   and ``--seed``.
 
+A manifest may say ``"runner_dialect": "auto"`` (or, for a QNN runner, leave it out): the dialect is then
+read from the runner's own ``--help`` on the device (``detect_dialect``; farm.run asks once per runner
+and device). A declared dialect is checked the same way: a runner whose help names another dialect's
+flag is a ``UsageError`` (``settle_dialect``); a help that names none (a stand-in script) leaves the
+declaration standing.
+
 The result is one ``sh -c`` string: every argument goes through ``shlex`` quoting, so prompts with
 quotes, ``$(...)``, backticks, newlines or any other bytes reach the runner unchanged.
 """
@@ -15,10 +21,11 @@ quotes, ``$(...)``, backticks, newlines or any other bytes reach the runner unch
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 from dataclasses import dataclass, field
 
-from farm.bundle import Bundle
+from farm.bundle import AUTO_DIALECT, HOST_RUNNER, Bundle
 from farm.errors import UsageError
 from farm.vocab import Dialect, EvalMode, Updater
 
@@ -70,21 +77,111 @@ class RunnerCommand:
     outputs: dict[str, str]  # kind -> file name inside out_dir, for the files this dialect writes
 
 
-def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str) -> tuple[list[str], dict[str, str]]:
-    """The runner's argv for this bundle's dialect; paths relative to the bundle workspace."""
-    request.check()
+# -- the dialect from the runner's own --help ------------------------------------------------------
+
+# One flag entry: gflags starts it with four spaces, ``    -name (help) type: ... default: ...``, and
+# indents wrapped lines by six; argparse with two, ``  --name VALUE, -name VALUE`` (or ``  -h, --help``),
+# its wrapped help by 24. So a flag named inside another flag's help text, even at the start of a
+# wrapped line, is never taken for a declared one.
+_FLAG_ENTRY = re.compile(r"^(?: {4}-([A-Za-z][A-Za-z0-9_]*) \(| {2}(?:-[A-Za-z], )?--([A-Za-z][A-Za-z0-9_]*)\b)",
+                         re.M)
+# The flag that tells each dialect apart, in the order they are tried (see detect_dialect).
+DIALECT_FLAGS: tuple[tuple[str, Dialect], ...] = (
+    ("token_ids_path", Dialect.HOST),             # farm-llama-runner only
+    ("kv_updater", Dialect.QNN_V1_0),             # v0.6.0 .. v1.0.x
+    ("shared_buffer", Dialect.QNN_SHARED_BUFFER),  # v1.1.0 on
+)
+
+
+def help_flags(help_text: str) -> set[str]:
+    """The flag names a runner's ``--help`` declares (gflags or argparse layout)."""
+    return {a or b for a, b in _FLAG_ENTRY.findall(help_text)}
+
+
+def detect_dialect(help_text: str) -> Dialect:
+    """The dialect of the runner that printed ``help_text`` for ``--help``.
+
+    ``--token_ids_path`` is the host runner's; ``--kv_updater`` means v0.6 .. v1.0.x, whatever its
+    help text and default say (v0.6.0 swapped them, so the farm always passes the flag); otherwise
+    ``--shared_buffer`` means v1.1 or later. A runner declaring both still takes ``--kv_updater``,
+    the flag that can choose either updater. ``UsageError`` when the help names none of them."""
+    flags = help_flags(help_text)
+    for flag, dialect in DIALECT_FLAGS:
+        if flag in flags:
+            return dialect
+    if "kv_updator" in flags:
+        raise UsageError("the runner takes --kv_updator: it predates ExecuTorch v0.6.0 (the flag was "
+                         "renamed --kv_updater), which the farm does not drive")
+    listed = ", ".join(sorted(flags)[:12]) or "no flag at all"
+    raise UsageError(f"its --help lists none of {', '.join('--' + f for f, _ in DIALECT_FLAGS)} "
+                     f"(it lists {listed})")
+
+
+def help_names_dialect(help_text: str) -> bool:
+    """Whether ``detect_dialect`` can tell anything from this text."""
+    flags = help_flags(help_text)
+    return any(flag in flags for flag, _ in DIALECT_FLAGS)
+
+
+def runner_path(bundle: Bundle) -> str:
+    """How the workspace runs the bundle's runner: ``./NAME``, or the host runner from PATH."""
+    return "./" + bundle.runner if bundle.runner else HOST_RUNNER
+
+
+def help_command(bundle: Bundle, workspace: str) -> str:
+    """``--help`` of the bundle's runner, run as a real run would be (in the workspace, with its
+    libraries): a runner that needs its backend library to start must find it here too."""
+    return (f"cd {shlex.quote(workspace)} && export LD_LIBRARY_PATH=. ADSP_LIBRARY_PATH=. && "
+            f"{shlex.quote(runner_path(bundle))} --help 2>&1")
+
+
+def settle_dialect(bundle: Bundle, help_text: str, device: str, exit_code: int | None = None) -> Dialect:
+    """The dialect to drive the bundle's runner with, given what its ``--help`` printed on
+    ``device`` (and its exit code, for the message): the detected one for ``auto``; the declared
+    one unless the help contradicts it."""
+    declared = bundle.runner_dialect
+    where = f"{bundle.manifest_path or bundle.name}: runner {runner_path(bundle)} on {device}"
     try:
-        dialect = Dialect(bundle.runner_dialect)
+        detected = detect_dialect(help_text)
+    except UsageError as e:
+        if declared != AUTO_DIALECT:
+            return Dialect(declared)  # nothing in the help to contradict the manifest
+        lines = [line.strip() for line in help_text.splitlines() if line.strip()]
+        said = f"; --help exited {exit_code}" if exit_code is not None else ""
+        said += f": {lines[-1][:200]}" if lines else ", printing nothing"
+        raise UsageError(f"{where}: cannot tell its dialect ('runner_dialect' is 'auto'): {e}{said}; "
+                         f"deploy the bundle first, or declare the manifest's 'runner_dialect'") \
+            from None
+    if declared not in (AUTO_DIALECT, detected):
+        raise UsageError(f"{where}: the manifest's 'runner_dialect' is {declared!r} but the runner "
+                         f"is {str(detected)!r} (its --help lists "
+                         f"--{next(f for f, d in DIALECT_FLAGS if d == detected)}); fix the "
+                         f"manifest or set 'runner_dialect' to 'auto'")
+    return detected
+
+
+# -- command lines ----------------------------------------------------------------------------------
+
+def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str,
+                dialect: Dialect | str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The runner's argv for ``dialect`` (default: the bundle's declared one; an ``auto`` bundle's is
+    settled on the device first, see farm.run.runner_dialect); paths relative to the workspace."""
+    request.check()
+    name = dialect or bundle.runner_dialect
+    if name == AUTO_DIALECT:
+        raise UsageError(f"{bundle.manifest_path}: runner dialect 'auto' is read from the runner on a "
+                         f"device: deploy it first (farm.run.runner_dialect)")
+    try:
+        dialect = Dialect(name)
     except ValueError:
-        raise UsageError(f"{bundle.manifest_path}: unknown runner dialect "
-                         f"{bundle.runner_dialect!r}") from None
+        raise UsageError(f"{bundle.manifest_path}: unknown runner dialect {name!r}") from None
     if request.mode not in bundle.modes:
         raise UsageError(f"{bundle.manifest_path}: bundle {bundle.name!r} has no mode "
                          f"{request.mode!r} (modes: {', '.join(sorted(bundle.modes))})")
     mode = bundle.modes[request.mode]
     outputs = {"outputs": OUTPUTS, "speed": SPEED}
     if dialect == Dialect.HOST:
-        argv = ["farm-llama-runner"]
+        argv = [HOST_RUNNER]
     else:
         if not bundle.runner:
             raise UsageError(f"{bundle.manifest_path}: dialect '{dialect}' needs field 'runner'")
@@ -120,13 +217,14 @@ def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str) -> tuple[list
     return argv, outputs
 
 
-def build_command(bundle: Bundle, request: RunRequest, workspace: str, run_id: str) -> RunnerCommand:
+def build_command(bundle: Bundle, request: RunRequest, workspace: str, run_id: str,
+                  dialect: Dialect | str | None = None) -> RunnerCommand:
     """The device command: cd into the bundle workspace, export the library paths, record the pid
     (``exec`` keeps it: the pid of the shell *is* the runner's, so a timeout can kill exactly it)."""
     if not run_id or "/" in run_id or run_id.startswith("."):
         raise UsageError(f"run id {run_id!r} must be a plain name")
     out_rel = posixpath.join("runs", run_id)
-    argv, outputs = runner_argv(bundle, request, out_rel)
+    argv, outputs = runner_argv(bundle, request, out_rel, dialect)
     out_dir = posixpath.join(workspace, out_rel)
     shell = (f"cd {shlex.quote(workspace)} && export LD_LIBRARY_PATH=. ADSP_LIBRARY_PATH=. && "
              f"mkdir -p {shlex.quote(out_rel)} && echo $$ > {shlex.quote(posixpath.join(out_rel, PIDFILE))} "

@@ -8,13 +8,19 @@ import threading
 from pathlib import Path
 
 from farm.bundle import Bundle, Mode, describe_file
+from tests.runner_help import BY_DIALECT
 
 # A stand-in for qnn_llama_runner. It writes, as outputs.txt, a JSON report of exactly what it
 # received (argv, the library paths, cwd), so tests compare prompts byte for byte. Magic first
-# prompts: HANG sleeps (for timeouts), FAIL exits 7 with a message on stderr.
+# prompts: HANG sleeps (for timeouts), FAIL exits 7 with a message on stderr. ``--help`` prints HELP and
+# exits 1, as gflags does (the help of the release its dialect stands for: tests/runner_help.py).
 FAKE_RUNNER = r'''#!/usr/bin/env python3
 import json, os, sys, time
+HELP = @HELP@
 args = sys.argv[1:]
+if args == ["--help"]:
+    sys.stdout.write(HELP)
+    sys.exit(1)
 opts, prompts, i = {}, [], 0
 while i < len(args):
     if args[i] == "--shared_buffer":
@@ -54,15 +60,19 @@ def write(path: Path, data: bytes | str, mode: int | None = None) -> Path:
 
 
 def make_qnn_bundle(root: Path, name: str = "fake-qnn", *, dialect: str = "qnn-v1.0",
-                    archs: tuple[str, ...] = ("v73", "v75"), pte_bytes: int = 4096) -> Path:
+                    archs: tuple[str, ...] = ("v73", "v75"), pte_bytes: int = 4096,
+                    runner_help: str | None = None) -> Path:
     """A manifest in the shape of a real QNN bundle: .pte files, the runner, the backend library,
-    per-arch QNN libraries (their content names their arch) and a tokenizer. Returns its path."""
+    per-arch QNN libraries (their content names their arch) and a tokenizer. Returns its path.
+    The runner's --help is ``runner_help``, by default that of the release ``dialect`` stands for."""
+    help_text = BY_DIALECT.get(dialect, "") if runner_help is None else runner_help
     root.mkdir(parents=True, exist_ok=True)
     files = [
         describe_file(root, write(root / "kv.pte", "kv-model " + "k" * pte_bytes), role="pte"),
         describe_file(root, write(root / "hybrid.pte", "hybrid-model " + "h" * pte_bytes), role="pte"),
         describe_file(root, write(root / "tokenizer.model", "tok"), role="tokenizer"),
-        describe_file(root, write(root / "qnn_llama_runner", FAKE_RUNNER, 0o644), role="runner"),
+        describe_file(root, write(root / "qnn_llama_runner",
+                                  FAKE_RUNNER.replace("@HELP@", repr(help_text)), 0o644), role="runner"),
         describe_file(root, write(root / "libqnn_executorch_backend.so", "backend"),
                       role="backend_lib"),
     ]

@@ -78,7 +78,8 @@ def bundle() -> None:
 @click.argument("manifest", type=click.Path(dir_okay=False))
 @click.option("--name", required=True, help="bundle name (also the workspace directory on devices)")
 @click.option("--dialect", default="qnn-v1.0", show_default=True,
-              help="qnn-v1.0 (--kv_updater) or qnn-shared-buffer (SmartMask only, v1.1+)")
+              help="qnn-v1.0 (--kv_updater, v0.6-v1.0.x), qnn-shared-buffer (SmartMask only, "
+                   "v1.1+) or auto (read from the runner's --help on the device, at its first run)")
 @click.option("--pte", "ptes", multiple=True, required=True, metavar="MODE=FILE",
               help="a program per mode: kv=kv_llama_qnn.pte, hybrid=hybrid_llama_qnn.pte")
 @click.option("--hybrid-ar-len", type=int, default=32, show_default=True,
