@@ -219,19 +219,26 @@ def test_two_concurrent_runs(kv, zygote, tmp_path):
 # --- fallback ---------------------------------------------------------------------------------------
 
 def test_falls_back_in_process_when_no_zygote_answers(kv, tmp_path):
+    absent = tmp_path / "absent.sock"
+    r = run(greedy_argv(kv, "SmartMask"), tmp_path / "absent", absent)
+    assert r.code == 0, r.err
+    notes = [line for line in r.err.splitlines() if "zygote" in line]
+    assert notes == [f"farm-llama-runner: runner zygote {absent} not answering (FileNotFoundError: "
+                     "No such file or directory): running in-process"], r.err
+    assert "torch" in r.heavy()
+    assert json.loads((r.cwd / "token_ids.json").read_text())["generated_ids"]
+
+
+def test_falls_back_when_the_socket_is_stale(tmp_path):
     stale = tmp_path / "stale.sock"  # a socket file nobody listens on, as a dead zygote leaves
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
         s.bind(str(stale))
-    for name, path in (("absent", tmp_path / "absent.sock"), ("stale", stale)):
-        r = run(greedy_argv(kv, "SmartMask"), tmp_path / name, path)
-        assert r.code == 0, r.err
-        notes = [line for line in r.err.splitlines() if "zygote" in line]
-        assert notes == [f"farm-llama-runner: runner zygote {path} not answering "
-                         f"({'FileNotFoundError' if name == 'absent' else 'ConnectionRefusedError'}"
-                         f": {'No such file or directory' if name == 'absent' else 'Connection refused'})"
-                         ": running in-process"], r.err
-        assert "torch" in r.heavy()
-        assert json.loads((r.cwd / "token_ids.json").read_text())["generated_ids"]
+    r = run(BAD["iterations"], tmp_path / "run", stale)  # fails in our own argv check: no torch needed
+    assert r.code == 2
+    assert r.err.splitlines() == [
+        f"farm-llama-runner: runner zygote {stale} not answering (ConnectionRefusedError: "
+        "Connection refused): running in-process",
+        "farm-llama-runner: error: --num_iters: must be at least 1, got 0"]
 
 
 def test_no_note_when_the_variable_is_unset(tmp_path):

@@ -230,6 +230,7 @@ class Zygote:
         self.pidfds: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (child pid, client)
         self.prctl = _libc_prctl()
         self.pid = os.getpid()
+        self.identity: tuple[int, int] | None = None  # our socket file's (st_dev, st_ino), once bound
         self.owner_alive = None
         if owner_pid is not None:
             from farm.procs import owner_alive
@@ -269,7 +270,7 @@ class Zygote:
             st = os.stat(self.path)
             if (st.st_dev, st.st_ino) == self.identity:
                 os.unlink(self.path)
-        except (OSError, AttributeError):
+        except OSError:
             pass
 
     def _accept(self, listener: socket.socket) -> None:
@@ -294,23 +295,23 @@ class Zygote:
         except OSError:
             data, fds = b"", []
         pid = self.conns[conn]
-        if not data:  # the client is gone (or wait_ready's probe): so is its run
-            for fd in fds:
-                os.close(fd)
-            if pid is not None:
-                _kill_group(pid)  # reaped when its pidfd fires
-            self._drop(conn)
-            return
         try:
-            msg = json.loads(data)
+            msg = json.loads(data) if data else None
         except ValueError:
             msg = {}
-        if pid is None and len(fds) == 4 and "argv" in msg:
+        if pid is None and isinstance(msg, dict) and len(fds) == 4 and {"argv", "env"} <= msg.keys():
             self._start(conn, msg, fds)
             return
         for fd in fds:
             os.close(fd)
-        if pid is not None and msg.get("signal") in [int(s) for s in FORWARDED]:
+        if msg is None:  # the client is gone (or it was wait_ready's probe): so is its run
+            if pid is not None:
+                _kill_group(pid)  # reaped when its pidfd fires
+            self._drop(conn)
+        elif pid is None:
+            _send(conn, {"error": "not a run request"})
+            self._drop(conn)
+        elif isinstance(msg, dict) and msg.get("signal") in FORWARDED:
             try:
                 os.kill(pid, msg["signal"])
             except ProcessLookupError:
@@ -461,6 +462,18 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+def _open_stdio() -> None:
+    """/dev/null for a closed fd 0, 1 or 2: a child dup2s the client's stdio onto 0-2, and a received
+    fd must not have landed on one of them."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # takes the lowest free number: fd
+            setattr(sys, ("stdin", "stdout", "stderr")[fd], open(fd, "r" if fd == 0 else "w",
+                                                                 closefd=False))
+
+
 def _socket_in_use(path: str) -> bool:
     try:
         if not stat.S_ISSOCK(os.stat(path).st_mode):
@@ -487,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     if _socket_in_use(path):
         print(f"farm.runner.zygote: {path}: in use by a live zygote or not a socket", file=sys.stderr)
         return 2
+    _open_stdio()
     _preload()
     import gc
 
