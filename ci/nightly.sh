@@ -58,7 +58,7 @@ while [ "$#" -gt 0 ]; do
 done
 if [ "$virtual" = 1 ]; then pattern='^[A-Za-z0-9]+(:[1-9][0-9]*)?$'; else pattern='^[A-Za-z0-9]+$'; fi
 for soc in ${socs[@]+"${socs[@]}"}; do
-  [[ "$soc" =~ $pattern ]] || bad_usage "bad SoC '$soc' (a name like SM8650$([ "$virtual" = 1 ] && echo ', or SM8650:2'))"
+  [[ "$soc" =~ $pattern ]] || bad_usage "bad SoC '$soc' (a name like SM8650; SM8650:2 with --virtual)"
 done
 if [ "$virtual" = 1 ] && [ "${#socs[@]}" -eq 0 ]; then
   socs=(SM8650:2 SM8550 SM8750)  # ci/qualify.sh's devices
@@ -82,8 +82,16 @@ echo "$me: $purpose qualification on ${socs[*]:-every SoC of the pool}$([ "$virt
   "baseline ${baseline:-the latest named one}" >&2
 echo "+ farm$(printf " %q" "${args[@]}")" >&2
 
+# farm runs in the background so that a signal to this script alone (a CI runner cancelling the job)
+# still reaches it, as SIGTERM (a background job ignores SIGINT): farm then stops like on Ctrl-C,
+# releases its leases and writes a partial report (exit 130).
+farm "${args[@]}" &
+farm_pid=$!
+trap 'kill -TERM "$farm_pid" 2>/dev/null || true' INT TERM
+while kill -0 "$farm_pid" 2>/dev/null; do wait "$farm_pid" || true; done
 code=0
-farm "${args[@]}" || code=$?
+wait "$farm_pid" || code=$?  # bash keeps the status of a reaped background job
+trap - INT TERM
 python ci/annotations.py "$out" --exit-code "$code" \
   || echo "$me: warning: ci/annotations.py failed; the report is in $out" >&2
 if [ -f "$out/report.html" ]; then

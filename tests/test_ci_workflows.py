@@ -5,10 +5,13 @@ devices (step summary, last line, exit codes)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -128,6 +131,14 @@ def test_bad_usage_is_exit_2_before_any_set_up(name, args, env, needle):
     assert "::error" not in proc.stdout  # nothing ran: nothing to annotate
 
 
+@pytest.mark.parametrize("name", ["pr-gate.sh", "nightly.sh"])
+def test_help_documents_the_exit_codes(name):
+    proc = _script(name, "--help", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("The ") and "130 interrupted" in proc.stdout
+    assert "set -euo" not in proc.stdout
+
+
 def test_pr_gate_bad_gate_config_and_bad_soc_are_exit_2(tmp_path):
     empty = tmp_path / "gate.toml"
     empty.write_text("[gate]\nsocs = []\n")
@@ -174,6 +185,35 @@ def test_release_qualification_on_a_virtual_device(tmp_path, tiny_bundle):
     assert "- purpose: release" in (out / "report.md").read_text()
 
 
+def test_a_signal_to_the_script_alone_interrupts_farm_exit_130(tmp_path, tiny_bundle):
+    """A CI runner cancelling the job signals the script: farm stops (partial report, leases released)."""
+    out, log = tmp_path / "nightly", tmp_path / "log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(["bash", str(REPO / "ci" / "nightly.sh"), "--virtual", "SM8650",
+                                 "--out", str(out), "--bundle", str(tiny_bundle), "--baseline", "none",
+                                 "--", "-k", "test_min_throughput"], cwd=REPO, env=_env(), stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # no group signal
+    try:
+        deadline = time.monotonic() + 300
+        while "collected" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(1.5)  # into the first tests
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=180) == ExitCode.INTERRUPTED, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "::warning title=ptefarm%3A interrupted::" in text
+    assert results_meta(out)["partial"] is True
+    assert text.strip().splitlines()[-1] == str((out / "report.html").resolve())
+
+
+def results_meta(out: Path) -> dict:
+    return json.loads((out / "results.json").read_text())["meta"]
+
+
 # -- annotations ----------------------------------------------------------------------------------------
 
 def _report(tmp_path: Path) -> Path:
@@ -184,8 +224,9 @@ def _report(tmp_path: Path) -> Path:
         TestRecord("suites/test_smoke.py::test_device_answers[SM8650]", Outcome.FAILED, "SM8650", "dev-a",
                    message="assert 1 == 0", error_type="AssertionError", details=details),
         TestRecord("suites/test_correctness.py::test_updaters_agree[SM8550-kv-story]", Outcome.ERROR,
-                   "SM8550", "dev-b", message="DeviceGone: dev-b vanished, mid-run", error_kind=ErrorKind.INFRA,
-                   error_type="DeviceGone", attempts=[Attempt("dev-c", "DeviceTimeout: hung")]),
+                   "SM8550", "dev-b", message="DeviceGone: dev-b vanished, mid-run",
+                   error_kind=ErrorKind.INFRA, error_type="DeviceGone",
+                   attempts=[Attempt("dev-c", "DeviceTimeout: hung")]),
         TestRecord("suites/test_smoke.py::test_runner_loads_every_mode[SM8550]", Outcome.ERROR, "SM8550",
                    "dev-b", message="no mode 'x'", error_kind=ErrorKind.USAGE, error_type="UsageError"),
         TestRecord("suites/test_smoke.py::test_workspace_has_room[SM8650]", Outcome.PASSED, "SM8650",
