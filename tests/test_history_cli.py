@@ -5,6 +5,10 @@ sample and the results.json v2 fields."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -145,14 +149,14 @@ max_slowdown_pct = 99
 
 
 def test_a_virtual_run_is_stored_with_every_sample(tiny_bundle, tmp_path):
-    """The throughput suite on a virtual SM8650, results to the pool database the config names (the
-    run's own pool is private and gone at the end): the stored run equals results.json, with three
-    samples per measured point, and history lists it."""
+    """The throughput suite on two virtual SM8650s under xdist (as farm qualify runs it), results to
+    the pool database the config names (the run's own pool is private and gone at the end): the
+    stored run equals results.json, with three samples per measured point, and history lists it."""
     (tmp_path / "th.toml").write_text(THRESHOLDS)
     db = f"sqlite:///{tmp_path / 'farm-pool.db'}"
     (tmp_path / "farm.toml").write_text(f'[pool]\nurl = "{db}"\n')
     out = tmp_path / "out"
-    proc = run_pytest([str(SUITES / "test_throughput.py"), "--farm-virtual", "SM8650",
+    proc = run_pytest([str(SUITES / "test_throughput.py"), "-n", "2", "--farm-virtual", "SM8650:2",
                        "--farm-bundle", str(tiny_bundle), "--farm-thresholds", str(tmp_path / "th.toml"),
                        "--farm-out", str(out), "--farm-purpose", "nightly",
                        "--farm-config", str(tmp_path / "farm.toml")],
@@ -163,8 +167,8 @@ def test_a_virtual_run_is_stored_with_every_sample(tiny_bundle, tmp_path):
     meta = body["meta"]
     assert meta["purpose"] == "nightly" and meta["virtual"] is True and meta["verdict"] == "pass"
     assert meta["units"]["tok_s"] == "tok/s" and len(meta["bundle_digest"]) == 64
-    [device] = meta["devices"]
-    assert device["soc"] == "SM8650" and device["android"] and device["model"]
+    assert meta["devices"] and all(d["soc"] == "SM8650" and d["android"] and d["model"] and d["virtual"]
+                                   for d in meta["devices"])
     assert any(f["role"] == "pte" for f in meta["manifest"])
     assert all(len(f["sha256"]) == 64 and f["size"] > 0 for f in meta["manifest"])
     assert meta["infra_events"] == []
@@ -200,3 +204,43 @@ def test_a_store_that_cannot_be_reached_costs_neither_report_nor_verdict(tiny_bu
     assert results_json(out)["meta"]["verdict"] == "pass"
     assert "infrastructure warning: run" in proc.stdout and "not saved to the results store" in \
         proc.stdout
+
+
+def test_an_interrupted_run_is_stored_as_partial(tiny_bundle, tmp_path):
+    """SIGINT mid-run: the report is partial and the store has the same partial run (the test that
+    finished, the one cut off as an error), never a run without its tests."""
+    (tmp_path / "test_slow.py").write_text(
+        "import pytest, time\n"
+        "@pytest.mark.parametrize('i', range(3))\n"
+        "def test_slow(device, i):\n"
+        "    if i == 1:\n"
+        "        open('started', 'w').close()\n"
+        "        time.sleep(120)\n")
+    db = f"sqlite:///{tmp_path / 'results.db'}"
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir",
+                             str(tmp_path), "test_slow.py", "--farm-virtual", "SM8650", "--farm-bundle",
+                             str(tiny_bundle), "--farm-out", str(out), "--farm-results-url", db],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PTEFARM_HOME": str(tmp_path / "home")})
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
+    meta = results_json(out)["meta"]
+    assert meta["partial"] is True
+    with ResultsStore.open(db) as store:
+        [summary] = store.list_runs()
+        run = store.load_run(meta["run_id"])
+    assert summary.partial and summary.verdict == "infra-error"
+    assert run == load_results(out)
+    outcomes = {r.name: r.outcome for r in run.records}
+    assert outcomes == {"test_slow[SM8650-0]": "passed", "test_slow[SM8650-1]": "error"}
