@@ -19,8 +19,13 @@ The client closing its end (killed with its process group by the farm's run time
 SIGKILL the child's process group: the run never outlives the command that started it.
 
 The zygote is single-threaded on purpose: a fork copies only the forking thread, and a lock held by any
-other thread at that moment would stay locked in the child forever. It never runs inference (torch's
-OpenMP pool is started lazily, by the first parallel op, so each child creates its own).
+other thread at that moment would stay locked in the child forever. (numpy's OpenBLAS starts a thread
+at import; its own fork handler stops it first.) It never runs inference: torch's OpenMP pool starts
+lazily, with the first parallel op, so each child creates its own, sized as a fresh process would.
+
+Written by hand on the standard library (socket.send_fds, os.pidfd_open, selectors): multiprocessing's
+forkserver can preload torch, but it serves the Python process that started it, running functions;
+it cannot take a run from an unrelated command with that command's stdio, cwd and environment.
 
 Permissions: anyone who can connect to the socket runs code as the zygote's user, with the zygote's
 view of the filesystem. Put the socket in a directory that only the device's commands can reach (mode
