@@ -83,8 +83,8 @@ def start(argv, cwd: Path, socket_path=None, env=None, python_opts=(), **kw) -> 
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
 
-def run(argv, cwd: Path, socket_path=None, env=None, python_opts=()) -> Run:
-    proc = start(argv, cwd, socket_path, env, python_opts)
+def run(argv, cwd: Path, socket_path=None, env=None, python_opts=(), **kw) -> Run:
+    proc = start(argv, cwd, socket_path, env, python_opts, **kw)
     out, err = proc.communicate(timeout=300)
     return Run(proc, cwd, out, err)
 
@@ -111,11 +111,12 @@ def wait_children(zygote_proc, n: int) -> list[psutil.Process]:
 @pytest.mark.parametrize("updater", ["SmartMask", "ShiftPointer"])
 def test_same_outputs_as_in_process(updater, kv, zygote, tmp_path):
     _, sock = zygote
-    here = run(greedy_argv(kv, updater), tmp_path / "in-process")
-    there = run(greedy_argv(kv, updater), tmp_path / "zygote", sock)
+    here = run(greedy_argv(kv, updater), tmp_path / "in-process", umask=0o077)
+    there = run(greedy_argv(kv, updater), tmp_path / "zygote", sock, umask=0o077)
     assert here.code == there.code == 0, (here.err, there.err)
     for name in ("outputs.txt", "token_ids.json"):
         assert (there.cwd / name).read_bytes() == (here.cwd / name).read_bytes(), name
+        assert stat.S_IMODE((there.cwd / name).stat().st_mode) == 0o600  # the client's umask
     assert json.loads((there.cwd / "token_ids.json").read_text())["generated_ids"]
     assert float((there.cwd / "inference_speed.txt").read_text()) > 0
     # stdout: one observer line per iteration with the same token counts; stderr: the same bytes.
