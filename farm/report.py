@@ -36,6 +36,7 @@ from typing import Any
 
 from farm.errors import UsageError
 from farm.results import (
+    RESULTS_SCHEMA_VERSION,
     UNITS,
     ErrorKind,
     Outcome,
@@ -48,8 +49,7 @@ from farm.results import (
     verdict,
 )
 
-RESULTS_FORMAT = "ptefarm-results/2"
-RESULTS_SCHEMA_VERSION = 2
+RESULTS_FORMAT = f"ptefarm-results/{RESULTS_SCHEMA_VERSION}"
 # Formats load_results reads; version 1 (before the results store) had no schema_version, units,
 # devices or manifest list, and its meta.manifest was the manifest's path.
 READABLE_FORMATS = {"ptefarm-results/1": 1, RESULTS_FORMAT: RESULTS_SCHEMA_VERSION}

@@ -23,9 +23,11 @@ from typing import Any
 
 from farm.vocab import Outcome
 
-__all__ = ["PURPOSES", "UNITS", "Attempt", "ErrorKind", "Measurement", "Outcome", "ResultLog",
-           "RunResults", "TestRecord", "Verdict", "tool_version", "verdict"]
+__all__ = ["PURPOSES", "RESULTS_SCHEMA_VERSION", "UNITS", "Attempt", "ErrorKind", "Measurement",
+           "Outcome", "ResultLog", "RunResults", "TestRecord", "Verdict", "tool_version", "verdict"]
 
+# The version of the results.json layout (farm.report) and of a run the results store keeps.
+RESULTS_SCHEMA_VERSION = 2
 # Why a run was made; the results store and `farm history --purpose` filter on it.
 PURPOSES = ("pr", "nightly", "release", "adhoc")
 # The unit of every metric the farm's suites and records carry (results.json meta.units).

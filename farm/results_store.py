@@ -37,6 +37,7 @@ from farm.errors import UsageError
 from farm.pool.store import Store, Txn, open_store
 from farm.results import (
     PURPOSES,
+    RESULTS_SCHEMA_VERSION,
     Attempt,
     ErrorKind,
     Measurement,
@@ -46,10 +47,8 @@ from farm.results import (
     Verdict,
 )
 
-__all__ = ["RESULTS_SCHEMA_VERSION", "Baseline", "ResultsStore", "RunSummary", "infra_events",
-           "results_url"]
+__all__ = ["Baseline", "ResultsStore", "RunSummary", "infra_events", "last_event_id", "results_url"]
 
-RESULTS_SCHEMA_VERSION = 2  # the results.json schema of a stored run's meta and records
 BASELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}")
 DAY_S = 86400.0
 
