@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -63,7 +64,15 @@ def bundle_dir(config_name: str, out_dir: str | os.PathLike | None = None) -> Pa
     return root / f"reference-{cfg.name}-{cache_key(cfg)}"
 
 
-def export_bundle(config_name: str = "tiny", out_dir: str | os.PathLike | None = None) -> Path:
+# Progress of an export: (what is being done, step number from 1, steps in all). Called before each
+# step; a cache hit calls nothing. The exporter prints nothing itself: `farm export` shows it.
+StepCallback = Callable[[str, int, int], None]
+STEPS = ("training the tokenizer", "lowering the kv program", "lowering the hybrid program",
+         "writing the manifest")
+
+
+def export_bundle(config_name: str = "tiny", out_dir: str | os.PathLike | None = None, *,
+                  on_step: StepCallback | None = None) -> Path:
     """Export (or find in the cache) the reference bundle; returns the manifest's path."""
     cfg = resolve_config(config_name)
     final = bundle_dir(config_name, out_dir)
@@ -77,7 +86,7 @@ def export_bundle(config_name: str = "tiny", out_dir: str | os.PathLike | None =
         raise UsageError(f"--out: cannot create {root}: {e.strerror}") from None
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        _export_into(cfg, staging)
+        _export_into(cfg, staging, on_step or (lambda what, step, steps: None))
         try:
             os.rename(staging, final)
         except OSError:
@@ -89,18 +98,19 @@ def export_bundle(config_name: str = "tiny", out_dir: str | os.PathLike | None =
     return manifest
 
 
-def _export_into(cfg: LlamaConfig, out: Path) -> None:
+def _export_into(cfg: LlamaConfig, out: Path, step: StepCallback) -> None:
     # The exporter's dependencies are loud about things that do not concern a CPU export (torchao's
     # CUDA kernels, deprecations inside torch.export): keep the user's terminal for our messages.
     logging.getLogger("torchao").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _export_quietly(cfg, out)
+        _export_quietly(cfg, out, lambda n: step(STEPS[n - 1], n, len(STEPS)))
 
 
-def _export_quietly(cfg: LlamaConfig, out: Path) -> None:
+def _export_quietly(cfg: LlamaConfig, out: Path, step: Callable[[int], None]) -> None:
     import torch
 
+    step(1)
     ranks = train_ranks()
     write_tiktoken_model(out / TOKENIZER, ranks)
     from farm.model.tokenizer import load_tokenizer
@@ -113,9 +123,12 @@ def _export_quietly(cfg: LlamaConfig, out: Path) -> None:
     weights = LlamaWeights(cfg).eval()
     metadata = _metadata_methods(cfg)
     with torch.no_grad():
+        step(2)
         _lower({"forward": StaticLlama(weights, 1)}, metadata, out / KV_PTE)
+        step(3)
         _lower({"prefill_forward": StaticLlama(weights, cfg.prefill_ar_len),
                 "kv_forward": StaticLlama(weights, 1)}, metadata, out / HYBRID_PTE)
+    step(4)
 
     files = [describe_file(out, out / KV_PTE, role="pte"),
              describe_file(out, out / HYBRID_PTE, role="pte"),

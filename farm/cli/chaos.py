@@ -9,6 +9,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from farm.cli.progress import console as cli_console
+
 
 @click.command()
 @click.option("--only", "only", multiple=True, metavar="NAME",
@@ -62,5 +64,5 @@ def chaos(only, list_only, manifest, keep, markdown) -> None:
         for row in rows:
             click.echo("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + " |")
     else:
-        Console(width=200).print(table)
+        cli_console().print(table)
     sys.exit(0 if all_ok else 1)

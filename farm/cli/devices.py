@@ -26,6 +26,7 @@ from rich.table import Table
 
 from farm import bundle as bundle_mod
 from farm.cli.options import config_option, farm_config, json_option
+from farm.cli.progress import console as cli_console
 from farm.config import FarmConfig, finite_seconds
 from farm.deploy import VERIFY_LEVELS, DeployReport, deploy
 from farm.devices import Device, DeviceInfo, find_device, scan_server
@@ -93,8 +94,8 @@ def devices(as_json: bool) -> None:
         for s in scans:
             for d in s.devices:
                 table.add_row(*_device_row(d, with_server))
-        Console().print(table)
-        err = Console(stderr=True)
+        cli_console().print(table)  # whole lines in CI logs: serials, models never cut at 80 columns
+        err = cli_console(stderr=True)
         for s in scans:
             if s.error:
                 err.print(f"farm: error: {s.error}", markup=False)
@@ -236,6 +237,9 @@ def _deploy_with_progress(device: Device, bundle: bundle_mod.Bundle, verify: str
 
         def on_plan(total: int) -> None:
             progress.update(task, total=total or 1, completed=0 if total else 1)
+            if total and not quiet and not console.is_terminal:  # a CI log: one line, no bar
+                click.echo(f"farm deploy: pushing {total / 1e6:.1f} MB of {bundle.name} to "
+                           f"{device.serial} ...", err=True)
 
         def on_progress(name: str, n: int) -> None:
             progress.update(task, advance=n, description=f"push {name}")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+
 import click
 
+from farm.cli.progress import console as cli_console
 from farm.errors import UsageError
 from farm.model.config import CONFIGS
 
@@ -37,5 +41,17 @@ def export(model_name: str | None, deprecated_config: str | None, out_dir: str |
         raise UsageError(f"{flag}: unknown reference model {name!r} (known: {', '.join(CONFIGS)})")
     if not (bundle_dir(name, out_dir) / MANIFEST).is_file():
         click.echo(f"exporting the {name} reference bundle (cached afterwards) ...", err=True)
-    manifest = export_bundle(name, out_dir)
+    with export_progress() as on_step:
+        manifest = export_bundle(name, out_dir, on_step=on_step)
     click.echo(str(manifest))
+
+
+@contextlib.contextmanager
+def export_progress() -> Iterator[Callable[[str, int, int], None]]:
+    """The export's steps on stderr: a spinner line at a terminal, one plain line each elsewhere."""
+    err = cli_console(stderr=True)
+    if not err.is_terminal:
+        yield lambda what, step, steps: click.echo(f"farm export: [{step}/{steps}] {what}", err=True)
+        return
+    with err.status("exporting ...") as status:
+        yield lambda what, step, steps: status.update(f"[{step}/{steps}] {what} ...")

@@ -16,13 +16,13 @@ import datetime as dt
 import json
 import math
 import statistics
-import sys
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from farm.cli.options import config_option, farm_config, json_option, pool_url_option
+from farm.cli.progress import console as cli_console
 from farm.errors import UsageError
 from farm.results import PURPOSES, RunResults
 from farm.results_store import Baseline, ResultsStore, RunSummary, results_url
@@ -37,8 +37,7 @@ def _open() -> ResultsStore:
 
 
 def _console() -> Console:
-    # Not a terminal (CI logs, pipes): do not wrap rows at 80 columns.
-    return Console(width=None if sys.stdout.isatty() else 240)
+    return cli_console()  # not a terminal (CI logs, pipes): whole lines, never cut at 80 columns
 
 
 def _when(epoch: float) -> str:

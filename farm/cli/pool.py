@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from farm.cli.options import config_option, farm_config, json_option, pool_url_option
+from farm.cli.progress import LeaseWaitReporter, console
 from farm.config import finite_seconds
 from farm.errors import AdbError, LeaseError, LeaseLost, PoolError, UsageError
 from farm.exitcodes import ExitCode
@@ -69,6 +69,17 @@ def _with_pool(call: Callable[[Pool], T]) -> T:
     """``call`` on the configured pool, closed afterwards."""
     with _open() as p:
         return call(p)
+
+
+def _acquire(pool: Pool, request: LeaseRequest, holder: Holder, ttl: float | None,
+             timeout: float | None) -> Lease:
+    """``pool.acquire`` that says on stderr whom it waits for (a live line at a terminal)."""
+    reporter = LeaseWaitReporter(pool.status, request)
+    try:
+        return _refreshed(pool).acquire(request, holder, ttl_s=ttl, timeout_s=timeout,
+                                        on_wait=reporter)
+    finally:
+        reporter.done()
 
 
 @click.group("pool")
@@ -151,12 +162,11 @@ def status(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(st.to_dict(), indent=2))
         return
-    # Not a terminal (CI logs, pipes): do not wrap rows at 80 columns.
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    out = console()  # not a terminal (CI logs, pipes): whole lines, never cut at 80 columns
     if not st.devices:
         click.echo("the pool has no devices: run 'farm pool sync'")
     for table in _status_tables(st):
-        console.print(table)
+        out.print(table)
 
 
 def request_options(f):
@@ -210,8 +220,7 @@ def lease(socs: tuple[str, ...], min_htp: str | None, tags: tuple[str, ...],
     host and port. For a command or CI step, 'farm pool exec' also heartbeats and releases."""
     request = LeaseRequest(socs=socs, min_htp_arch=min_htp, tags=tags, serial=serial, virtual=virtual,
                            priority=priority)
-    got = _with_pool(lambda p: _refreshed(p).acquire(request, Holder.current(purpose=purpose),
-                                                     ttl_s=ttl, timeout_s=timeout))
+    got = _with_pool(lambda p: _acquire(p, request, Holder.current(purpose=purpose), ttl, timeout))
     env = lease_env(got.token, got.serial, got.server)
     if fmt == "token":
         click.echo(f"{_leased_line(got)}; give it back with: farm pool release {got.token}", err=True)
@@ -335,7 +344,7 @@ def exec_command(request: LeaseRequest, holder: Holder, ttl: float | None, timeo
 
     with _open() as pool, _signals(on_signal):
         try:
-            lease = _refreshed(pool).acquire(request, holder, ttl_s=ttl, timeout_s=timeout)
+            lease = _acquire(pool, request, holder, ttl, timeout)
         except _Interrupted as e:
             click.echo(f"farm: interrupted ({e}) while waiting for a lease", err=True)
             return ExitCode.INTERRUPTED

@@ -24,7 +24,7 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Self
@@ -224,11 +224,15 @@ class Pool:
 
     def acquire(self, request: LeaseRequest | None = None, holder: Holder | None = None,
                 ttl_s: float | None = None, timeout_s: float | None = None,
-                heartbeat_s: float | None = None) -> Lease:
+                heartbeat_s: float | None = None,
+                on_wait: Callable[[float], None] | None = None) -> Lease:
         """Wait up to ``timeout_s`` for a device matching ``request`` and lease it for ``ttl_s``.
 
         Raises LeaseTimeout (an InfraError) naming what was asked, what exists and who holds it.
         The returned Lease renews itself from a heartbeat thread while used as a context manager.
+        ``on_wait(seconds waited)`` is called each time the request goes back to waiting (every poll
+        interval at most), so that a caller can show who it waits for (``status()``); the pool itself
+        prints nothing. An exception it raises ends the wait, leaving the queue.
         """
         request = request or LeaseRequest()
         holder = holder or Holder.current()
@@ -236,7 +240,8 @@ class Pool:
         timeout = self.default_timeout_s if timeout_s is None else float(timeout_s)
         if ttl <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
-        deadline = time.monotonic() + max(0.0, timeout)
+        began = time.monotonic()
+        deadline = began + max(0.0, timeout)
         queue_id: int | None = None
         last_write = 0.0
         listener: Listener | None = None
@@ -257,6 +262,8 @@ class Pool:
                                 return self._lease(outcome, ttl, heartbeat_s, started)
                     elif poll == "waiting":
                         # Nothing for us yet: wait without taking the pool's write lock.
+                        if on_wait is not None:
+                            on_wait(time.monotonic() - began)
                         self._wait(listener, queue_id, deadline)
                         continue
                 started = fence_clock()
