@@ -74,6 +74,19 @@ def _interrupt(monkeypatch):
     monkeypatch.setattr(Pool, "status", status)
 
 
+def _throughput_run(out: Path, tok_s: float) -> Path:
+    """A report directory of one passed throughput test with six samples around ``tok_s``."""
+    from farm.report import write_reports
+    from farm.results import Measurement, Outcome, TestRecord
+
+    samples = [tok_s + d for d in (-0.3, -0.2, -0.1, 0.1, 0.2, 0.3)]
+    record = TestRecord("suites/test_throughput.py::test_min_throughput[SM8650-kv-64-SmartMask]",
+                        Outcome.PASSED, soc="SM8650", serial="dev0",
+                        measurements=[Measurement("tok_s", "tok/s", samples, "SmartMask", "kv", 64)])
+    meta = {"run_id": out.name, "bundle_name": "b", "bundle_digest": "ab" * 32, "virtual": True}
+    return write_reports([record], out, meta)
+
+
 Row = tuple[str, ExitCode, Callable[[World], list[str]], Callable | None]
 
 ROWS: list[Row] = [
@@ -103,6 +116,9 @@ ROWS: list[Row] = [
      lambda w: ["devices", "--config", str(w.dead_config)], None),
     ("deploy-server-unreachable", ExitCode.INFRA,
      lambda w: ["deploy", str(w.qnn), "--serial", "x", "--config", str(w.dead_config)], None),
+    ("report-regressed", ExitCode.REGRESSION,
+     lambda w: ["report", str(_throughput_run(w.root / "now", 30.0)), "--compare",
+                str(_throughput_run(w.root / "base", 40.0)), "--out", str(w.root / "report")], None),
     ("pool-status-interrupted", ExitCode.INTERRUPTED,
      lambda w: ["pool", "status", "--url", w.pool_url], _interrupt),
 ]
@@ -132,7 +148,7 @@ def test_every_command_exits_with_the_table(world, monkeypatch, name, code, args
 
 def test_the_table_is_covered_and_shared():
     assert {code for _, code, _, _ in ROWS} == set(ExitCode)
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 130]
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 130]
     assert {v: v.exit_code for v in Verdict} == {
         Verdict.PASS: ExitCode.OK, Verdict.FAIL: ExitCode.TEST_FAILURE,
         Verdict.BAD_INPUT: ExitCode.BAD_INPUT, Verdict.INFRA_ERROR: ExitCode.INFRA}

@@ -152,6 +152,7 @@ class Written:
     paths: dict[str, Path]
     exit_code: int
     markdown: str
+    headline: str = ""
 
 
 def write_outputs(run: RunResults, baseline: RunResults | None, out_dir: Path, formats: tuple[str, ...],
@@ -180,7 +181,8 @@ def write_outputs(run: RunResults, baseline: RunResults | None, out_dir: Path, f
             text = json.dumps(records(run, gate), indent=2, ensure_ascii=False) + "\n"
         write_atomic(path, text)
         paths[fmt] = path
-    return Written(paths, int(q.exit_code), markdown)
+    title, sentence = q.headline
+    return Written(paths, int(q.exit_code), markdown, f"{title}: {sentence}")
 
 
 def _percent(value: str) -> float:
@@ -235,6 +237,8 @@ def render(run: str, compare: str | None, out_dir: str | None, formats: tuple[st
                             min_effect=_percent(min_effect), inconclusive_fails=inconclusive == "fail")
     for fmt, path in written.paths.items():
         click.echo(f"{fmt}: {path}" if fmt != "html" else str(path))
+    if written.exit_code:
+        click.echo(f"farm: {written.headline}", err=True)  # why the code is not 0, in one line
     sys.exit(written.exit_code)
 
 
