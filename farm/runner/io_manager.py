@@ -15,6 +15,12 @@ n*head_dim makes the output the last rows of the next input. (The host runtime r
 of its own, so this runner copies V there; on the phone the output tensor is bound to that address.)
 Mask columns [cache_len-n_past-n, cache_len-n_past) are set to attend.
 
+Per token the host runner pays these copies in Python, so the hot paths (``inputs``, ``_store``, the
+mask update) go through numpy views of the same memory: a numpy slice assignment costs about a
+microsecond where torch's indexing costs ten, and a decode step makes ~2 per cache (16 for `small`).
+The token and position inputs are buffers filled in place, and SmartMask's cache views are built
+once per method. Measured with bench/bench_runner_tokens.py.
+
 Hybrid mode runs a prefill method (ar_len = P) and then a decode method (ar_len = 1): cache_len changes
 from max_seq_len-P to max_seq_len-1 and with it K's row stride, so K rows are rearranged once by
 ``switch_method``; ShiftPointer also moves V, since its windows are right-aligned.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from farm.model.llama import MASK_MIN, causal_block
@@ -58,7 +65,11 @@ class IoMgr:
         self.n_past = 0
         self.ar_len = ar_lens[0]
         self._allocate()
+        # numpy views of the caches (same memory), for the per-step copies.
+        self._k_np = [b.numpy() for b in self.k_buf]
+        self._v_np = [b.numpy() for b in self.v_buf]
         self.mask = self._fresh_mask()
+        self._step_buffers()
 
     # -- what subclasses provide ------------------------------------------------------------------
     def _allocate(self) -> None:
@@ -94,8 +105,16 @@ class IoMgr:
             mask[0, :, self._attend_columns(0, self.n_past)] = 0.0
         return mask
 
+    def _step_buffers(self) -> None:
+        """The token and position inputs of the current method, refilled in place every step."""
+        self._tok = torch.zeros((1, self.ar_len), dtype=torch.int32)
+        self._pos = torch.zeros((1, self.ar_len), dtype=torch.int32)
+        self._tok_np, self._pos_np = self._tok.numpy()[0], self._pos.numpy()[0]
+        self._offsets = np.arange(self.ar_len, dtype=np.int32)
+
     def inputs(self, tokens: list[int], start_pos: int) -> list[torch.Tensor]:
-        """Model inputs for up to ar_len tokens at absolute positions start_pos..; padded to ar_len."""
+        """Model inputs for up to ar_len tokens at absolute positions start_pos..; padded to ar_len.
+        The token and position tensors are reused by the next step (the model does not keep them)."""
         n = len(tokens)
         if not 0 < n <= self.ar_len:
             raise ValueError(f"{n} tokens for a method of ar_len {self.ar_len}")
@@ -103,12 +122,11 @@ class IoMgr:
             raise ValueError(f"step at position {start_pos} but the cache holds {self.n_past}")
         if self.n_past + n > self.cache_len:
             raise ContextFull(f"cache of {self.cache_len} entries has {self.n_past}, {n} more do not fit")
-        pad = self.ar_len - n
-        tok = torch.tensor([tokens + [0] * pad], dtype=torch.int32)
+        self._tok_np[:n] = tokens
+        self._tok_np[n:] = 0
         # Padding rows get in-range positions; their outputs are ignored and never stored.
-        last = self.shape.max_seq_len - 1
-        pos = torch.tensor([[min(start_pos + i, last) for i in range(self.ar_len)]], dtype=torch.int32)
-        return [tok, self.mask, pos, *self.k_inputs(), *self.v_inputs()]
+        np.minimum(self._offsets + start_pos, self.shape.max_seq_len - 1, out=self._pos_np)
+        return [self._tok, self.mask, self._pos, *self.k_inputs(), *self.v_inputs()]
 
     def update(self, outputs: list[torch.Tensor], n: int) -> None:
         """After a step that produced n valid entries: store them and unmask their columns."""
@@ -117,7 +135,7 @@ class IoMgr:
         if self.n_past + n > self.cache_len:
             raise ContextFull(f"cache of {self.cache_len} entries is full")
         self._store(new_k, new_v, n)
-        self.mask[0, :, self._attend_columns(self.n_past, n)] = 0.0
+        self.mask.numpy()[0, :, self._attend_columns(self.n_past, n)] = 0.0
         self.n_past += n
 
     def switch_method(self, ar_len: int) -> None:
@@ -130,6 +148,7 @@ class IoMgr:
         self.ar_len = ar_len
         self._rearrange(old, self.cache_len)
         self.mask = self._fresh_mask()
+        self._step_buffers()
 
     def reset(self) -> None:
         self.n_past = 0
@@ -154,22 +173,29 @@ class SmartMaskIoMgr(IoMgr):
         self.k_buf = [torch.zeros(s.head_dim * biggest) for _ in range(s.n_caches)]
         self.v_buf = [torch.zeros(biggest * s.head_dim) for _ in range(s.n_caches)]
 
+    # The buffers never move: their views are built once per cache_len (i.e. per method).
     def k_inputs(self) -> list[torch.Tensor]:
-        cl, hd = self.cache_len, self.shape.head_dim
-        return [b[: hd * cl].view(1, hd, cl) for b in self.k_buf]
+        return self._views(self.cache_len)[0]
 
     def v_inputs(self) -> list[torch.Tensor]:
-        cl, hd = self.cache_len, self.shape.head_dim
-        return [b[: cl * hd].view(1, cl, hd) for b in self.v_buf]
+        return self._views(self.cache_len)[1]
+
+    def _views(self, cl: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        cached = getattr(self, "_view_cache", None)
+        if cached is None or cached[0] != cl:
+            hd = self.shape.head_dim
+            cached = self._view_cache = (cl, [b[: hd * cl].view(1, hd, cl) for b in self.k_buf],
+                                         [b[: cl * hd].view(1, cl, hd) for b in self.v_buf])
+        return cached[1], cached[2]
 
     def _attend_columns(self, n_past: int, n: int) -> slice:
         return slice(n_past, n_past + n)
 
     def _store(self, new_k, new_v, n) -> None:
-        pos = self.n_past
-        for k_in, v_in, k, v in zip(self.k_inputs(), self.v_inputs(), new_k, new_v):
-            k_in[0, :, pos : pos + n] = k[0, :, :n]
-            v_in[0, pos : pos + n] = v[0, :n]
+        pos, cl, hd = self.n_past, self.cache_len, self.shape.head_dim
+        for kb, vb, k, v in zip(self._k_np, self._v_np, new_k, new_v):
+            kb[: hd * cl].reshape(hd, cl)[:, pos : pos + n] = k.numpy()[0, :, :n]
+            vb[pos * hd : (pos + n) * hd] = v.numpy()[0, :n].reshape(-1)
 
     def _rearrange(self, old_cache_len: int, new_cache_len: int) -> None:
         hd, n = self.shape.head_dim, self.n_past
@@ -205,10 +231,11 @@ class ShiftPointerIoMgr(IoMgr):
 
     def _store(self, new_k, new_v, n) -> None:
         cl, hd, p = self.cache_len, self.shape.head_dim, self.n_past
-        for kb, vb, k, v in zip(self.k_buf, self.v_buf, new_k, new_v):
-            # Row d's n new entries at p + (d+1)*cl: the tail of row d in the window at p+n.
-            kb.as_strided((hd, n), (cl, 1), p + cl).copy_(k[0, :, :n])
-            vb[(p + cl) * hd : (p + cl + n) * hd] = v[0, :n].reshape(-1)
+        for kb, vb, k, v in zip(self._k_np, self._v_np, new_k, new_v):
+            # Row d's n new entries at p + (d+1)*cl: the tail of row d in the window at p+n. Seen as
+            # rows of cl elements, that is rows 1..hd, columns p..p+n (p + n <= cl).
+            kb[: (hd + 1) * cl].reshape(hd + 1, cl)[1:, p : p + n] = k.numpy()[0, :, :n]
+            vb[(p + cl) * hd : (p + cl + n) * hd] = v.numpy()[0, :n].reshape(-1)
 
     def _rearrange(self, old_cache_len: int, new_cache_len: int) -> None:
         hd, n = self.shape.head_dim, self.n_past
