@@ -378,16 +378,17 @@ def runner_hangs(lab: Lab) -> Observation:
 
 
 def _runner_processes(lab: Lab, needle: str = "") -> list[int]:
-    """Runner processes of this lab's devices (their cwd is in the lab), whose argv contains
-    ``needle``."""
+    """Runner processes of this lab's devices (inside a device's view, or with their cwd in the lab
+    for an unconfined device), whose argv contains ``needle``."""
     import psutil
 
+    inside = {pid for d in lab.vf.devices for pid in lab.vf.processes(d.serial)}
     found = []
     for p in psutil.process_iter(["cmdline", "cwd"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
             if ("farm-llama-runner" in cmd or "qnn_llama_runner" in cmd) and needle in cmd and \
-                    str(lab.dir) in (p.info["cwd"] or ""):
+                    (p.pid in inside or str(lab.dir) in (p.info["cwd"] or "")):
                 found.append(p.pid)
         except (psutil.Error, TypeError):
             continue

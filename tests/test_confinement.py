@@ -120,6 +120,9 @@ def test_two_devices_cannot_see_each_others_files(two):
     _sh(vf, a, "setsid sleep 4711 </dev/null >/dev/null 2>&1 &")
     assert "sleep 4711" in _sh(vf, a, "ps -A -o args").stdout
     assert "sleep 4711" not in _sh(vf, b, "ps -A -o args").stdout
+    sleeper = [p.pid for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "4711"]]
+    assert sleeper and set(sleeper) <= set(vf.processes(a.serial))  # the host can tell whose it is
+    assert not set(vf.processes(a.serial)) & set(vf.processes(b.serial))
     _sh(vf, a, "pkill -f 'sleep 4711'")
     assert vf.client().device(b.serial).sync.exists(f"/data/local/tmp/{marker}") is False
 

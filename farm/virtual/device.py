@@ -268,10 +268,13 @@ class VirtualDevice:
         threading.Thread(target=target, args=(stream,), daemon=True).start()
 
 
-def _write_run_file(root: Path, port: int, confined: bool) -> None:
-    # "boot": tells a reboot (same pid) from the previous boot.
+def _write_run_file(root: Path, port: int, device: VirtualDevice) -> None:
+    # "boot": tells a reboot (same pid) from the previous boot; "view_pid": a process inside the
+    # device's namespaces, so the farm can tell the device's processes from the host's.
+    view_pid = device.namespaces.pid if device.namespaces is not None else None
     write_atomic(root / RUN_FILE, json.dumps({"pid": os.getpid(), "port": port,
-                                              "confined": confined, "boot": time.time_ns()}))
+                                              "confined": device.confined, "boot": time.time_ns(),
+                                              "view_pid": view_pid}))
 
 
 def decide_confinement() -> bool:
@@ -320,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.exit_with_pid:
         # A test session killed -9 leaves nothing behind.
         procs.watch_owner(args.exit_with_pid, stop_and_exit)
-    _write_run_file(root, port, confined)
+    _write_run_file(root, port, device)
     log.info("device %s listening on 127.0.0.1:%d (%s)", device.identity.props["ro.serialno"], port,
              "confined" if confined else "UNCONFINED")
     device.serve_forever()

@@ -212,6 +212,28 @@ class VirtualFarm:
         """Where a path of a device's storage is on the host (see VirtualDeviceProcess.host_path)."""
         return self.device(serial).host_path(device_path)
 
+    def processes(self, serial: str) -> list[int]:
+        """Host pids of what runs inside a confined device (its commands, runners, sync workers):
+        the processes in its pid namespace. Their cwd, seen from the host, is an Android path; this
+        tells them from other devices' and the host's. Empty for an unconfined or stopped device."""
+        dev = self.device(serial)
+        view_pid = _read_run(dev.root).get("view_pid")
+        if not view_pid or not is_device_process(dev.pid, dev.root):
+            return []
+        try:
+            ns = os.stat(f"/proc/{view_pid}/ns/pid").st_ino
+        except OSError:
+            return []
+        found = []
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and int(entry.name) != view_pid:
+                try:
+                    if os.stat(f"/proc/{entry.name}/ns/pid").st_ino == ns:
+                        found.append(int(entry.name))
+                except OSError:
+                    continue  # gone meanwhile
+        return found
+
     def kill(self, serial: str) -> None:
         """SIGKILL the device process (and its running commands), like a phone that dies."""
         self._kill_device(self.device(serial))
