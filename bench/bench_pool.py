@@ -3,7 +3,7 @@
 
     python bench/bench_pool.py                       # 32 processes, 8 devices, 100 ms holds, both backends
     python bench/bench_pool.py --backends sqlite --seconds 5 --profile /tmp/prof
-    python bench/bench_pool.py --backends postgres,postgres-sync   # with and without the flush fix
+    python bench/bench_pool.py --backends postgres,postgres-flush   # WAL flush under / after the lock
 
 Per backend, in one run on one machine, two phases of real processes (each opens its own Pool, as CI
 jobs do):
@@ -23,9 +23,9 @@ jobs do):
 All timestamps are CLOCK_MONOTONIC, which is one clock for every process of the host. The PostgreSQL
 pool lives in a fresh schema of $PTEFARM_TEST_PG_URL (default postgresql://postgres@127.0.0.1:5432/test),
 dropped afterwards; the SQLite pool in a temporary directory. ``--profile DIR`` writes a cProfile of
-worker 0 of each phase (``DIR/<backend>-<phase>.prof``). Backend ``postgres-sync`` is PostgreSQL
-with every commit flushing the WAL under the pool lock (``PostgresStore.flush_outside_lock = False``),
-the way before the fix, to compare in one run.
+worker 0 of each phase (``DIR/<backend>-<phase>.prof``). Backend ``postgres-flush`` is PostgreSQL
+committing without the WAL flush under the pool lock and flushing right after, outside it
+(``PostgresStore.flush_outside_lock = True``), to compare with the default in one run.
 """
 
 from __future__ import annotations
@@ -60,10 +60,10 @@ def worker(spec: dict) -> None:
     prints its cycles as one JSON line: [serial, asked, acquired, release_called, released]."""
     from farm.pool import Holder, LeaseRequest, Pool
 
-    if spec["sync_commit"]:
+    if spec["flush_after"]:
         from farm.pool.postgres import PostgresStore
 
-        PostgresStore.flush_outside_lock = False
+        PostgresStore.flush_outside_lock = True
     options = {} if spec["poll_s"] is None else {"poll_s": spec["poll_s"]}
     locks = Path(spec["locks"])
     cycles: list[tuple[str, float, float, float, float]] = []
@@ -181,7 +181,7 @@ def run_phase(name: str, url: str, procs: int, args: argparse.Namespace, locks: 
     workers = []
     for i in range(procs):
         spec = {"url": url, "hold_s": args.hold_ms / 1000, "locks": str(locks),
-                "sync_commit": name == "postgres-sync",
+                "flush_after": name == "postgres-flush",
                 "poll_s": None if args.poll_ms is None else args.poll_ms / 1000,
                 "profile": str(profile) if profile is not None and i == 0 else None}
         workers.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)],
@@ -307,9 +307,9 @@ def main() -> int:
         s, p = results["sqlite"], results["postgres"]
         parts.append(f"postgres/sqlite handoff p99 x{p['handoff_p99_ms'] / s['handoff_p99_ms']:.2f}, "
                      f"uncontended p99 x{p['uncontended_p99_ms'] / s['uncontended_p99_ms']:.2f}")
-    if "postgres-sync" in results and "postgres" in results:
-        p, o = results["postgres"], results["postgres-sync"]
-        parts.append(f"postgres/postgres-sync handoff p99 x{p['handoff_p99_ms'] / o['handoff_p99_ms']:.2f}, "
+    if "postgres-flush" in results and "postgres" in results:
+        p, o = results["postgres"], results["postgres-flush"]
+        parts.append(f"postgres/postgres-flush handoff p99 x{p['handoff_p99_ms'] / o['handoff_p99_ms']:.2f}, "
                      f"util x{p['utilisation'] / o['utilisation']:.2f}")
     doubles = sum(r["double_holds"] + r["lock_conflicts"] for r in results.values())
     print(f"summary: {'; '.join(parts)}; double holds {doubles}; targets met {met}/{total}")

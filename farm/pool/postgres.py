@@ -36,9 +36,11 @@ MAX_IDLE_LISTENERS = 4
 class PostgresStore(Store):
     dialect = "postgresql"
     now_sql = "extract(epoch FROM clock_timestamp())"
-    # Commit without the WAL flush and flush after, outside the pool lock (see _transaction); False:
-    # every commit flushes under the lock (the plain way, kept for bench/bench_pool.py to compare).
-    flush_outside_lock = True
+    # True: commit without the WAL flush and flush right after, outside the pool lock (see
+    # _transaction). Off by default: bench/bench_pool.py (backend postgres-flush) measured it better
+    # at p99 but worse at p50 and utilisation on a 2-core host saturated by other work; decide on a
+    # quiet host (issue 13 item 5).
+    flush_outside_lock = False
 
     def __init__(self, url: str, *, connect_timeout_s: float = 10.0, lock_timeout_s: float = 30.0):
         super().__init__(url)
@@ -89,11 +91,10 @@ class PostgresStore(Store):
                     cur.execute("SELECT schema_version FROM pool_meta WHERE id = 1 FOR UPDATE")
                 else:
                     cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                # Commit without waiting for the WAL flush (set_config(..., true): this transaction
-                # only, read with the clock at no extra round trip): the pool lock is held by
-                # this transaction until its commit, and an fsync (milliseconds on a busy disk) for
-                # every pool change, under the one lock every pool change takes, was what capped
-                # the pool's throughput and left released devices idle. Durability comes next.
+                # With flush_outside_lock, commit without waiting for the WAL flush (set_config(...,
+                # true): this transaction only, read with the clock at no extra round trip): the
+                # pool lock is held until commit, so otherwise every pool change holds it across an
+                # fsync (milliseconds on a busy disk). _make_durable then flushes outside the lock.
                 cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now, "
                             "set_config('synchronous_commit', %s, true)",
                             ("off" if self.flush_outside_lock else "on",))
