@@ -97,7 +97,7 @@ def test_an_errored_throughput_test_exports_no_samples():
 
 def test_farm_report_format_v3(tmp_path):
     now = write_results(sample_run(), tmp_path / "now")
-    proc = subprocess.run([sys.executable, "-m", "farm.cli.main", "report", str(now), "--format",
+    proc = subprocess.run([sys.executable, "-P", "-m", "farm.cli.main", "report", str(now), "--format",
                            "pytorch-benchmark-v3", "--out", str(tmp_path / "out")], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PTEFARM_HOME": str(tmp_path / "farm-home")})

@@ -19,7 +19,7 @@ import pytest
 from farm.pool import Pool
 from tests.support.pool import REPO, fake_device, reaped
 
-FARM = [sys.executable, "-m", "farm.cli.main"]
+FARM = [sys.executable, "-P", "-m", "farm.cli.main"]
 SHOW_ENV = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in ('ANDROID_SERIAL', "
             "'ADB_SERVER_SOCKET', 'ANDROID_ADB_SERVER_HOST', 'ANDROID_ADB_SERVER_PORT', 'PTEFARM_LEASE')}))")
 

@@ -31,7 +31,7 @@ def test_two_adb_servers_one_postgres_pool(pg_pool_url, tmp_path):
             + "".join(f'[[adb_servers]]\nhost = "{s.host}"\nport = {s.port}\n'
                       for s in (host_a.adb_server, host_b.adb_server)))
         env = {**os.environ, "PTEFARM_CONFIG": str(config)}
-        sync = subprocess.run([sys.executable, "-m", "farm.cli.main", "pool", "sync"], cwd=tmp_path,
+        sync = subprocess.run([sys.executable, "-P", "-m", "farm.cli.main", "pool", "sync"], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=120, check=False)
         assert sync.returncode == 0, sync.stderr
         with Pool.open(pg_pool_url) as pool:
@@ -67,7 +67,7 @@ def test_two_adb_servers_one_postgres_pool(pg_pool_url, tmp_path):
 
             # Host B goes away: its device goes offline on the next sync, host A's stay.
             host_b.down()
-            sync = subprocess.run([sys.executable, "-m", "farm.cli.main", "pool", "sync"],
+            sync = subprocess.run([sys.executable, "-P", "-m", "farm.cli.main", "pool", "sync"],
                                   cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
             assert sync.returncode == 3 and str(host_b.adb_server) in sync.stderr
             states = {d.device.serial: d.device.state for d in pool.status().devices}

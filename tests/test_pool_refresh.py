@@ -20,7 +20,7 @@ def test_a_stale_but_present_device_is_leased_after_a_refresh(virtual_farm, tmp_
     env = {**os.environ, "PTEFARM_CONFIG": str(config)}
 
     def farm(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "farm.cli.main", *args], env=env, text=True,
+        return subprocess.run([sys.executable, "-P", "-m", "farm.cli.main", *args], env=env, text=True,
                               capture_output=True, timeout=60)
 
     assert farm("pool", "sync").returncode == 0

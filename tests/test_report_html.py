@@ -290,7 +290,7 @@ def test_a_run_without_baseline_says_so():
 def _farm(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PTEFARM_HOME": str(cwd / "farm-home")}  # a results store of its own, if any
     env.pop("PTEFARM_CONFIG", None)
-    return subprocess.run([sys.executable, "-m", "farm.cli.main", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-P", "-m", "farm.cli.main", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=120, env=env)
 
 
