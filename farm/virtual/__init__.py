@@ -7,12 +7,6 @@ view for every push and pull, must not pay for adbutils and the manager."""
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from farm.virtual.faults import Faults
-    from farm.virtual.identity import SOC_PROFILES, VirtualDeviceSpec
-    from farm.virtual.manager import VirtualDeviceProcess, VirtualDeviceStatus, VirtualFarm
 
 _WHERE = {"Faults": "farm.virtual.faults", "SOC_PROFILES": "farm.virtual.identity",
           "VirtualDeviceSpec": "farm.virtual.identity", "VirtualDeviceProcess": "farm.virtual.manager",

@@ -57,7 +57,7 @@ from farm.virtual.protocol import (
 )
 from farm.virtual.shell import CommandContext, kill_commands, parse_shell_service, run_shell
 from farm.virtual.stream import Stream
-from farm.virtual.sync import serve_sync
+from farm.virtual.syncpump import serve_sync
 
 RUN_FILE = "run.json"
 PGID_DIR = "run/commands"

@@ -8,33 +8,27 @@ symlink inside the device cannot lead out of it. An unconfined device (degraded 
 worker on the host with ``--confine ROOT``: only real paths inside the root are served.
 
 :class:`SyncService` (the worker's protocol handler) imports nothing but the standard library, so a
-worker starts in a few milliseconds; :func:`serve_sync` (the device side) pumps the ADB stream to and
-from the worker.
+worker starts in a few milliseconds; farm.virtual.syncpump (the device side) pumps the ADB stream to
+and from the worker.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import stat
 import struct
-import subprocess
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, ClassVar
 
-if TYPE_CHECKING:  # the worker must not import the device side (adbutils, threads, ...)
-    from farm.virtual.stream import Stream
+# Annotations only name BinaryIO, Callable and ClassVar (postponed, never evaluated): importing typing
+# would add ~20 ms to every push and pull, the worker's start-up being on their path.
 
 log = logging.getLogger(__name__)
 
 MAX_PATH = 1024
 SYNC_DATA_MAX = 64 * 1024
 IO_BUFFER = 1 << 20  # large buffered reads/writes both ways: pushes run at hundreds of MB/s
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _REQ = struct.Struct("<4sI")
 _STAT_V1 = struct.Struct("<4sIII")
 # id, error, dev, ino, mode, nlink, uid, gid, size, atime, mtime, ctime
@@ -278,66 +272,3 @@ def _write_all(fd: int, data: memoryview) -> None:
     while data:
         n = os.write(fd, data)
         data = data[n:]
-
-
-# --- device side ------------------------------------------------------------------------------------
-
-def _grow_pipe(fd: int) -> None:
-    try:
-        fcntl.fcntl(fd, _F_SETPIPE_SZ, IO_BUFFER)
-    except OSError as e:  # over /proc/sys/fs/pipe-max-size: slower, still correct
-        log.debug("pipe of %d bytes refused: %s", IO_BUFFER, e)
-
-
-def serve_sync(stream: Stream, argv: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
-    """Serve one ``sync:`` stream by a worker (``argv``: syncd, possibly entered into a view):
-    server -> worker stdin, worker stdout -> server, each in payloads up to maxdata."""
-    from farm.virtual.stream import StreamClosed
-
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                cwd=cwd, bufsize=0, start_new_session=True)
-    except OSError as e:
-        log.error("sync worker %s could not start: %s", argv[0], e)
-        stream.close()
-        return
-    assert proc.stdin is not None and proc.stdout is not None
-    for pipe in (proc.stdin, proc.stdout):
-        _grow_pipe(pipe.fileno())
-    stream.add_close_callback(lambda: _close_quietly(proc.stdin))
-
-    def feed() -> None:
-        try:
-            while (chunk := stream.read_chunk()) is not None:
-                _write_all(proc.stdin.fileno(), memoryview(chunk))
-        except (OSError, ValueError) as e:  # the worker ended (QUIT, a bad packet), or we closed it
-            log.debug("sync worker input closed: %s", e)
-        finally:
-            _close_quietly(proc.stdin)  # EOF: the worker cleans up and exits
-
-    feeder = threading.Thread(target=feed, daemon=True)
-    feeder.start()
-    out = proc.stdout.fileno()
-    try:
-        while data := os.read(out, stream.transport.max_payload):
-            stream.write(data)
-    except (StreamClosed, OSError) as e:
-        log.info("sync stream ended while sending: %s", e)
-    finally:
-        _close_quietly(proc.stdout)
-        _close_quietly(proc.stdin)
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-        if code:
-            log.warning("sync worker exited %d", code)
-        stream.close()
-
-
-def _close_quietly(f) -> None:
-    try:
-        f.close()
-    except OSError as e:
-        log.debug("close: %s", e)
