@@ -387,7 +387,10 @@ def _runner_processes(lab: Lab, needle: str = "") -> list[int]:
     for p in psutil.process_iter(["cmdline", "cwd"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
-            if ("farm-llama-runner" in cmd or "qnn_llama_runner" in cmd) and needle in cmd and \
+            # A run forked from a device's runner zygote has the zygote's argv, its parent's.
+            forked = "farm.runner.zygote" in cmd and not needle and \
+                "farm.runner.zygote" in " ".join(p.parent().cmdline() if p.parent() else [])
+            if ("farm-llama-runner" in cmd or "qnn_llama_runner" in cmd or forked) and needle in cmd and \
                     (p.pid in inside or str(lab.dir) in (p.info["cwd"] or "")):
                 found.append(p.pid)
         except (psutil.Error, TypeError):

@@ -301,3 +301,46 @@ def test_serving_stops_when_the_owner_is_gone(tmp_path):
         assert not (tmp_path / "z.sock").exists()
     finally:
         owner.kill()
+
+
+def test_concurrent_first_runs_start_one_zygote(tmp_path, monkeypatch):
+    """start_detached's marker: of several first runs that find no zygote, one starts it."""
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda argv, **kw: started.append(argv))
+    sock = tmp_path / "z" / "zygote.sock"
+    results = [zygote_mod.start_detached(sock) for _ in range(3)]
+    assert results == [True, False, False] and len(started) == 1
+    assert stat.S_IMODE((tmp_path / "z").stat().st_mode) == 0o700
+    marker = Path(str(sock) + zygote_mod.STARTING_SUFFIX)
+    os.utime(marker, (time.time() - 600, time.time() - 600))  # a zygote that died while importing
+    assert zygote_mod.start_detached(sock) is True and len(started) == 2
+
+
+def test_a_virtual_device_forks_its_runs_from_a_zygote(virtual_farm, tiny_bundle):
+    """The device's first run starts the zygote (and runs in-process); later runs fork from it, with
+    the same tokens, no note on stderr, and the zygote living inside the device's view."""
+    from farm.bundle import load
+    from farm.deploy import deploy
+    from farm.devices import find_device
+    from farm.run import run
+    from farm.runprofile import RunRequest
+    from farm.virtual import VirtualDeviceSpec
+    from farm.virtual.confine import RUNNER_ZYGOTE_SOCKET
+
+    [rec] = virtual_farm.up([VirtualDeviceSpec(soc="SM8650")])
+    device = find_device([virtual_farm.adb_server], rec.serial)
+    bundle = load(tiny_bundle)
+    deploy(device, bundle)
+    request = RunRequest(prompts=["Once upon a time"], seq_len=32, temperature=0)
+    first = run(device, bundle, request)
+    deadline = time.monotonic() + 120
+    while device.shell(f"test -S {RUNNER_ZYGOTE_SOCKET}", timeout=10).exit_code != 0:
+        assert time.monotonic() < deadline, "no zygote socket in the device after its first run"
+        time.sleep(0.2)
+    second = run(device, bundle, request)
+    assert second.generated_ids == first.generated_ids and first.generated_ids
+    assert "not answering" not in (second.stderr or "")
+    inside = set(virtual_farm.processes(rec.serial))
+    zygotes = [p for p in psutil.process_iter(["cmdline"])
+               if "farm.runner.zygote" in " ".join(p.info["cmdline"] or [])]
+    assert any(p.pid in inside for p in zygotes), "the zygote runs inside the device's view"

@@ -25,6 +25,10 @@ from farm.errors import UsageError
 
 PROG = "farm-llama-runner"
 ZYGOTE_ENV = "PTEFARM_RUNNER_ZYGOTE"  # a zygote's socket (farm/runner/zygote.py): run there, fast
+# Set by a device that wants a zygote but starts none itself: the first run that finds no zygote
+# starts one in the background (and runs in-process, quietly); the runs after it fork from it. A device
+# whose commands never run this runner never pays the zygote's imports.
+SPAWN_ENV = "PTEFARM_RUNNER_ZYGOTE_SPAWN"
 
 
 def _flag(p: argparse.ArgumentParser, name: str, **kw) -> None:
@@ -126,8 +130,11 @@ def _via_zygote(socket_path: str, argv: list[str]) -> int | None:
     try:
         return zygote.run_remote(socket_path, argv)
     except zygote.NotAnswering as e:
-        print(f"{PROG}: runner zygote {socket_path} not answering ({e}): running in-process",
-              file=sys.stderr)
+        if os.environ.get(SPAWN_ENV) == "1":
+            zygote.start_detached(socket_path)
+        else:
+            print(f"{PROG}: runner zygote {socket_path} not answering ({e}): running in-process",
+                  file=sys.stderr)
         return None
 
 

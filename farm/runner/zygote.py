@@ -59,6 +59,9 @@ TICK_S = 0.2  # how often the zygote checks its socket file and its owner
 
 # --- for the integrator ---------------------------------------------------------------------------
 
+STARTING_SUFFIX = ".starting"
+
+
 def zygote_argv(socket_path: str | os.PathLike, exit_with_pid: int | None = None) -> list[str]:
     """The command line of a zygote serving ``socket_path`` (run it with farm.procs.farm_env())."""
     owner = ["--exit-with-pid", str(exit_with_pid)] if exit_with_pid is not None else []
@@ -76,6 +79,35 @@ def wait_ready(socket_path: str | os.PathLike, timeout: float) -> bool:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
+
+
+def start_detached(socket_path: str | os.PathLike, stale_s: float = 120.0) -> bool:
+    """Start a zygote for ``socket_path`` in the background, in a session of its own (the command
+    that starts it may be killed with its process group); False when one is already starting. A
+    ``<socket>.starting`` marker keeps concurrent first runs from starting one each; the zygote removes
+    it once it serves, and a marker older than ``stale_s`` (a zygote that died importing) is ignored.
+    Its stderr goes to ``<socket>.log``. The socket's directory is made private (0700)."""
+    import subprocess
+
+    path = os.path.abspath(socket_path)
+    marker = path + STARTING_SUFFIX
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        if time.time() - os.stat(marker).st_mtime < stale_s:
+            return False
+        os.unlink(marker)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        with open(path + ".log", "ab") as log_file:
+            subprocess.Popen(zygote_argv(path), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=log_file, start_new_session=True, close_fds=True)
+    except OSError:
+        return False
+    return True
 
 
 # --- client (farm-llama-runner) -------------------------------------------------------------------
@@ -527,6 +559,10 @@ def main(argv: list[str] | None = None) -> int:
         if os.path.exists(path):
             os.unlink(path)  # a stale socket of a zygote that died
         zygote.bind()
+        try:
+            os.unlink(path + STARTING_SUFFIX)  # start_detached's marker: started, serving
+        except OSError:
+            pass
         zygote.serve()
     except OSError as e:
         print(f"farm.runner.zygote: {path}: {e.strerror or e}", file=sys.stderr)

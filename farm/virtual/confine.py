@@ -139,6 +139,9 @@ def _top_level_host_links() -> list[str]:
     return args
 
 
+RUNNER_ZYGOTE_SOCKET = "/tmp/ptefarm-runner/zygote.sock"
+
+
 @dataclass(frozen=True)
 class AndroidView:
     """What a device's view is made of (host paths), and the bwrap arguments that build it."""
@@ -201,6 +204,10 @@ class AndroidView:
             "PYTHONDONTWRITEBYTECODE": "1",  # the farm package is read-only inside
             # This checkout's farm first, as procs.farm_env does for the device process itself.
             "PYTHONPATH": str(Path(farm.__file__).resolve().parent.parent),
+            # farm-llama-runner forks its runs from a zygote that imported torch once, started by the
+            # device's first run in the device's private /tmp (it dies with the device's namespaces).
+            "PTEFARM_RUNNER_ZYGOTE": RUNNER_ZYGOTE_SOCKET,
+            "PTEFARM_RUNNER_ZYGOTE_SPAWN": "1",
         }
         return env
 
