@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import posixpath
 import subprocess
 import sys
 import tempfile
@@ -52,7 +53,7 @@ def main() -> int:
         with VirtualFarm(home=Path(tmp) / "farm") as vf:
             (dev,) = vf.up([VirtualDeviceSpec(soc="SM8650")])
             device = vf.client().device(dev.serial)
-            dst = dev.workspace / "payload.bin"
+            dst = posixpath.join(dev.workspace, "payload.bin")  # a device path (Android, if confined)
             env = vf.server.env()
 
             def adb_cli() -> None:
@@ -72,7 +73,7 @@ def main() -> int:
             bundle = Bundle(name="bench", runner_dialect="host", tokenizer="payload.bin",
                             files=[describe_file(Path(tmp), src, role="pte")],
                             modes={"kv": Mode("payload.bin", 0, 1)})
-            record = dev.workspace / "bench" / ".ptefarm-deploy.json"
+            record = dev.host_path(posixpath.join(dev.workspace, "bench", ".ptefarm-deploy.json"))
 
             def farm_deploy() -> None:
                 report = deploy(farm_device, bundle)
@@ -82,10 +83,12 @@ def main() -> int:
             # Where each method leaves the file (checked, then removed for the next cold run).
             methods = (("adb push", adb_cli, dst), ("adbutils sync.push", adbutils_sync, dst),
                        ("farm Device.push", farm_push, dst),
-                       ("farm deploy (cold)", farm_deploy, dev.workspace / "bench" / "payload.bin"))
+                       ("farm deploy (cold)", farm_deploy,
+                        posixpath.join(dev.workspace, "bench", "payload.bin")))
             results: dict[str, list[float]] = {name: [] for name, _, _ in methods}
             for _ in range(args.repeat):  # interleaved, so drift on the host hits all alike
-                for name, fn, written in methods:
+                for name, fn, device_path in methods:
+                    written = dev.host_path(device_path)  # checked from the host
                     seconds = _timed(fn)
                     if written.stat().st_size != size:
                         raise SystemExit(f"{name}: pushed {written.stat().st_size} bytes, not {size}")

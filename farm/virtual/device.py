@@ -57,7 +57,8 @@ from farm.virtual.protocol import (
 )
 from farm.virtual.shell import CommandContext, kill_commands, parse_shell_service, run_shell
 from farm.virtual.stream import Stream
-from farm.virtual.syncpump import serve_sync
+from farm.virtual.syncd import header as syncd_header
+from farm.virtual.syncpump import WarmWorkers, serve_sync
 
 RUN_FILE = "run.json"
 PGID_DIR = "run/commands"
@@ -114,22 +115,25 @@ class VirtualDevice:
         else:
             self.ctx = CommandContext(cwd=root, env=unconfined_env(root), pgid_dir=root / PGID_DIR,
                                       shell="/bin/sh")
+        self.sync_workers = WarmWorkers(self.sync_argv(), self.ctx.env, cwd=self.ctx.cwd)
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
         self.reboot_requested = threading.Event()
         self._transports: set[Transport] = set()
         self._transports_lock = threading.Lock()
 
-    def sync_argv(self, faults: Faults) -> list[str]:
-        """The sync worker of one session: inside the view, or confined by path on the host."""
-        limit = min((n for n in (faults.disk_full_after_bytes, self.identity.free_bytes)
-                     if n is not None), default=None)
+    def sync_argv(self) -> list[str]:
+        """The sync worker: inside the view, or confined by path on the host."""
         argv = [sys.executable, "-S", "-m", "farm.virtual.syncd"]
-        if limit is not None:
-            argv += ["--limit-bytes", str(limit)]
         if not self.confined:
             argv += ["--confine", str(self.root / STORAGE_REL)]
         return self.ctx.enter(argv)
+
+    def sync_header(self, faults: Faults) -> bytes:
+        """A session's limits, fixed when it opens: the largest file a push may write."""
+        limit = min((n for n in (faults.disk_full_after_bytes, self.identity.free_bytes)
+                     if n is not None), default=None)
+        return syncd_header(limit)
 
     def faults(self) -> Faults:
         try:
@@ -171,6 +175,7 @@ class VirtualDevice:
                 log.debug("listener shutdown: %s", e)
             self._listener.close()
         kill_commands(self.root / PGID_DIR)
+        self.sync_workers.close()
         if self.namespaces is not None:
             self.namespaces.stop()  # ends whatever still runs inside
 
@@ -241,10 +246,10 @@ class VirtualDevice:
         service = payload.rstrip(b"\0").decode("utf-8", "surrogateescape")
         faults = self.faults()
         if service == "sync:":
-            argv = self.sync_argv(faults)
+            header = self.sync_header(faults)
 
             def target(stream: Stream) -> None:
-                serve_sync(stream, argv, self.ctx.env, cwd=self.ctx.cwd)
+                serve_sync(stream, self.sync_workers, header)
         elif (request := parse_shell_service(service)) is not None:
             def target(stream: Stream) -> None:
                 run_shell(stream, request, self.ctx)

@@ -1,5 +1,9 @@
 """The device side of a ``sync:`` session: the ADB stream pumped to and from the sync worker
-(farm.virtual.syncd, inside the device's view), in payloads up to maxdata and through 1 MiB pipes."""
+(farm.virtual.syncd, inside the device's view), in payloads up to maxdata and through 1 MiB pipes.
+
+Starting a worker (entering the view, an interpreter, its imports) takes tens of milliseconds, more
+than a small push itself; a deploy opens one session per file. So the device keeps one worker started
+ahead of need (:class:`WarmWorkers`): a session takes it and a replacement starts in the background."""
 
 from __future__ import annotations
 
@@ -31,19 +35,79 @@ def _grow_pipe(fd: int) -> None:
         log.debug("pipe of %d bytes refused: %s", IO_BUFFER, e)
 
 
-def serve_sync(stream: Stream, argv: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
-    """Serve one ``sync:`` stream by a worker (``argv``: syncd, possibly entered into a view):
+def start_worker(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen:
+    """A sync worker waiting for its session header (``argv``: syncd, possibly entered into a view)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=cwd,
+                            bufsize=0, start_new_session=True)
+    for pipe in (proc.stdin, proc.stdout):
+        _grow_pipe(pipe.fileno())
+    return proc
+
+
+class WarmWorkers:
+    """One sync worker kept started ahead of need. ``take`` hands it out (or starts one when none is
+    ready: concurrent sessions, or the replacement still starting) and starts the next in the
+    background. ``close`` ends the idle one (EOF before a header: it exits 0)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path | None = None):
+        self.argv, self.env, self.cwd = argv, env, cwd
+        self._lock = threading.Lock()
+        self._ready: subprocess.Popen | None = None
+        self._closed = False
+        self._refill()
+
+    def take(self) -> subprocess.Popen:
+        with self._lock:
+            proc, self._ready = self._ready, None
+        if proc is None or proc.poll() is not None:
+            proc = start_worker(self.argv, self.env, self.cwd)
+        threading.Thread(target=self._refill, daemon=True).start()
+        return proc
+
+    def _refill(self) -> None:
+        with self._lock:
+            if self._closed or self._ready is not None:
+                return
+        try:
+            proc = start_worker(self.argv, self.env, self.cwd)
+        except OSError as e:
+            log.warning("sync worker %s could not start ahead: %s", self.argv[0], e)
+            return
+        with self._lock:
+            if not self._closed and self._ready is None:
+                self._ready, proc = proc, None
+        if proc is not None:  # closed meanwhile, or another refill won
+            _end_idle(proc)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            proc, self._ready = self._ready, None
+        if proc is not None:
+            _end_idle(proc)
+
+
+def _end_idle(proc: subprocess.Popen) -> None:
+    _close_quietly(proc.stdin)
+    _close_quietly(proc.stdout)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def serve_sync(stream: Stream, workers: WarmWorkers, header: bytes) -> None:
+    """Serve one ``sync:`` stream by a worker: ``header`` (the session's limits) first, then
     server -> worker stdin, worker stdout -> server, each in payloads up to maxdata."""
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                cwd=cwd, bufsize=0, start_new_session=True)
+        proc = workers.take()
+        _write_all(proc.stdin.fileno(), memoryview(header))
     except OSError as e:
-        log.error("sync worker %s could not start: %s", argv[0], e)
+        log.error("sync worker %s could not start: %s", workers.argv[0], e)
         stream.close()
         return
     assert proc.stdin is not None and proc.stdout is not None
-    for pipe in (proc.stdin, proc.stdout):
-        _grow_pipe(pipe.fileno())
     stream.add_close_callback(lambda: _close_quietly(proc.stdin))
 
     def feed() -> None:
