@@ -45,45 +45,51 @@ def start_worker(argv: list[str], env: dict[str, str], cwd: Path | None = None) 
 
 
 class WarmWorkers:
-    """One sync worker kept started ahead of need. ``take`` hands it out (or starts one when none is
-    ready: concurrent sessions, or the replacement still starting) and starts the next in the
-    background. ``close`` ends the idle one (EOF before a header: it exits 0)."""
+    """Sync workers kept started ahead of need, ``depth`` of them (one: keeping three for a deploy's
+    three files in flight measured no faster, and every device would pay for them). ``take`` hands one out (or starts one when none is ready) and starts
+    a replacement in the background. ``close`` ends the idle ones (EOF before a header: they exit 0)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path | None = None):
-        self.argv, self.env, self.cwd = argv, env, cwd
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path | None = None, depth: int = 1):
+        self.argv, self.env, self.cwd, self.depth = argv, env, cwd, depth
         self._lock = threading.Lock()
-        self._ready: subprocess.Popen | None = None
+        self._ready: list[subprocess.Popen] = []
         self._closed = False
         self._refill()
 
     def take(self) -> subprocess.Popen:
+        proc = None
         with self._lock:
-            proc, self._ready = self._ready, None
-        if proc is None or proc.poll() is not None:
+            while self._ready and proc is None:
+                candidate = self._ready.pop(0)
+                if candidate.poll() is None:
+                    proc = candidate
+        if proc is None:
             proc = start_worker(self.argv, self.env, self.cwd)
         threading.Thread(target=self._refill, daemon=True).start()
         return proc
 
     def _refill(self) -> None:
-        with self._lock:
-            if self._closed or self._ready is not None:
+        while True:
+            with self._lock:
+                if self._closed or len(self._ready) >= self.depth:
+                    return
+            try:
+                proc = start_worker(self.argv, self.env, self.cwd)
+            except OSError as e:
+                log.warning("sync worker %s could not start ahead: %s", self.argv[0], e)
                 return
-        try:
-            proc = start_worker(self.argv, self.env, self.cwd)
-        except OSError as e:
-            log.warning("sync worker %s could not start ahead: %s", self.argv[0], e)
+            with self._lock:
+                if not self._closed and len(self._ready) < self.depth:
+                    self._ready.append(proc)
+                    continue
+            _end_idle(proc)  # closed meanwhile, or another refill filled the pool
             return
-        with self._lock:
-            if not self._closed and self._ready is None:
-                self._ready, proc = proc, None
-        if proc is not None:  # closed meanwhile, or another refill won
-            _end_idle(proc)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            proc, self._ready = self._ready, None
-        if proc is not None:
+            idle, self._ready = self._ready, []
+        for proc in idle:
             _end_idle(proc)
 
 
