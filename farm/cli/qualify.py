@@ -97,8 +97,8 @@ def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retri
     baseline = _baseline(baseline_name, purpose, bundle.name, config_path)
     out = Path(out_dir) if out_dir else Path("reports") / f"qualify-{time.strftime('%Y%m%d-%H%M%S')}"
     n = workers if workers is not None else _device_count(virtual_socs, socs, config_path)
-    args = [str(suites_dir()), "-p", "no:cacheprovider", "-p", "no:randomly", "-ra",
-            "--farm-bundle", str(manifest), "--farm-out", str(out), "--farm-priority", str(priority),
+    args = [str(suites_dir()), "-p", "no:cacheprovider", "-p", "no:randomly",
+            *unrelated_plugin_args(), "-ra", "--farm-bundle", str(manifest), "--farm-out", str(out), "--farm-priority", str(priority),
             "--farm-retries", str(retries)]
     args += ["-n", str(n)] if n > 1 else ["-p", "no:xdist"]
     for v in virtual_socs:
@@ -121,6 +121,23 @@ def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retri
     click.echo(f"markdown: {written.paths['markdown']}")
     click.echo(str(written.paths["html"]))  # the last line: where the report is
     sys.exit(written.exit_code)
+
+
+# pytest plugins that executorch's dependencies install and pytest loads into every process, which the
+# farm's suites never use. Their imports (hypothesis's above all) cost each pytest process 3-4 s of a
+# 4.5-6 s start-up on a loaded 2-core host, against 1.2-1.9 s without them, and every xdist worker
+# pays it again: at 8 workers on 2 cores that start-up was most of a run's overhead. A user's own
+# test that needs one passes it back after `--`: `farm qualify -- -p anyio`.
+UNRELATED_PLUGINS = ("hypothesispytest", "hydra_pytest", "anyio", "kgb")
+
+
+def unrelated_plugin_args() -> list[str]:
+    """``-p no:NAME`` for each of UNRELATED_PLUGINS that is installed here (the others are left out:
+    the command line stays what this environment needs)."""
+    from importlib.metadata import entry_points
+
+    installed = {ep.name for ep in entry_points(group="pytest11")}
+    return [arg for name in UNRELATED_PLUGINS if name in installed for arg in ("-p", f"no:{name}")]
 
 
 def plugin_has_option(ini: str) -> bool:
