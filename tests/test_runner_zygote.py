@@ -317,7 +317,7 @@ def test_concurrent_first_runs_start_one_zygote(tmp_path, monkeypatch):
 
 
 def test_a_virtual_device_forks_its_runs_from_a_zygote(virtual_farm, tiny_bundle):
-    """The device's first run starts the zygote (and runs in-process); later runs fork from it, with
+    """The device's first run starts the zygote and waits for it; later runs fork from it, with
     the same tokens, no note on stderr, and the zygote living inside the device's view."""
     from farm.bundle import load
     from farm.deploy import deploy

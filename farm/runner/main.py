@@ -26,9 +26,10 @@ from farm.errors import UsageError
 PROG = "farm-llama-runner"
 ZYGOTE_ENV = "PTEFARM_RUNNER_ZYGOTE"  # a zygote's socket (farm/runner/zygote.py): run there, fast
 # Set by a device that wants a zygote but starts none itself: the first run that finds no zygote
-# starts one in the background (and runs in-process, quietly); the runs after it fork from it. A device
-# whose commands never run this runner never pays the zygote's imports.
+# starts one in the background and runs through it once it is ready; the runs after it fork from it. A
+# device whose commands never run this runner never pays the zygote's imports.
 SPAWN_ENV = "PTEFARM_RUNNER_ZYGOTE_SPAWN"
+SPAWN_WAIT_S = 120.0
 
 
 def _flag(p: argparse.ArgumentParser, name: str, **kw) -> None:
@@ -130,12 +131,23 @@ def _via_zygote(socket_path: str, argv: list[str]) -> int | None:
     try:
         return zygote.run_remote(socket_path, argv)
     except zygote.NotAnswering as e:
-        if os.environ.get(SPAWN_ENV) == "1":
-            zygote.start_detached(socket_path)
-        else:
+        if os.environ.get(SPAWN_ENV) != "1":
             print(f"{PROG}: runner zygote {socket_path} not answering ({e}): running in-process",
                   file=sys.stderr)
-        return None
+            return None
+    # The device's first run: start its zygote (or let the run that already does) and wait for it
+    # rather than import torch here too, which would double the first run's CPU on a busy host.
+    zygote.start_detached(socket_path)
+    if zygote.wait_ready(socket_path, SPAWN_WAIT_S):
+        try:
+            return zygote.run_remote(socket_path, argv)
+        except zygote.NotAnswering as e:
+            print(f"{PROG}: runner zygote {socket_path} not answering ({e}): running in-process",
+                  file=sys.stderr)
+            return None
+    print(f"{PROG}: runner zygote {socket_path} did not start in {SPAWN_WAIT_S:g} s: running in-process",
+          file=sys.stderr)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
