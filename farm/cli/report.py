@@ -244,10 +244,41 @@ def render(run: str, compare: str | None, out_dir: str | None, formats: tuple[st
 
 @report.command("recover")
 @click.argument("out_dir", type=click.Path(file_okay=False))
-def recover(out_dir: str) -> None:
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="farm config whose pool database keeps the results [default: $PTEFARM_CONFIG or "
+                   "./farm.toml]")
+@click.option("--results-url", "store_url", metavar="URL|none", default=None,
+              help="save the recovered run to this results store instead ('none': do not save it), "
+                   "as the run's --farm-results-url would have")
+def recover(out_dir: str, config_path: str | None, store_url: str | None) -> None:
     """Write the report of a run that was killed before it could (SIGKILL, host crash), from the
-    journal it kept as tests finished. The report is marked partial."""
+    journal it kept as tests finished, and save it to the results store as a finished run is
+    (``farm history``). Report and stored run are marked partial.
+
+    Exit code: 0 done; with the report written but the run not saved, 3 (the database is down) or 2
+    (the journal lacks what a stored run needs, e.g. its meta).
+    """
+    import sys
+
+    from farm.config import load_config
+    from farm.errors import FarmError
+    from farm.exitcodes import for_error
     from farm.report import recover as recover_report
+    from farm.results_store import ResultsStore, results_url
 
     written = recover_report(Path(out_dir))
     click.echo(f"recovered report: {written}")
+    if store_url == "none":
+        return
+    # What the report holds, meta completed (verdict, partial): the stored run is the report's run.
+    # The report comes first, as at the end of a run: a database that is down never costs it.
+    run = load_run(str(written))
+    try:
+        with ResultsStore.open(store_url or results_url(load_config(config_path))) as store:
+            store.save_run(run)
+            click.echo(f"results stored: run {run.meta.get('run_id')} (partial) in {store.where} "
+                       "(farm history)")
+    except FarmError as e:
+        click.echo(f"farm report recover: run {run.meta.get('run_id', '?')} not saved to the results "
+                   f"store: {e} (the report in {written} is complete)", err=True)
+        sys.exit(for_error(e))
