@@ -1,30 +1,41 @@
 """Orchestration overhead of the pytest plugin: 48 tests that each wait on a device, on 1, 2, 4 and 8
 virtual devices, against the ideal makespan.
 
-    python bench/bench_orchestration.py [--tests 48] [--sleep 2] [--devices 1,2,4,8]
+    python bench/bench_orchestration.py [--tests 48] [--sleep 2] [--devices 1,2,4,8] [--before REV]
 
 Each test takes the ``device`` fixture (a lease from the pool, heartbeat, fenced device) and runs
 ``sleep S`` on the device: the device waits, the host does nothing, as while a phone works. The test
 file is written to a temp dir; pytest runs in a subprocess with ``-n D`` (one xdist worker per device)
 against D pre-started virtual devices and a fresh SQLite pool (a farm.toml, as tests/test_plugin.py
 does), and its whole wall time is measured: interpreter and worker start-up, collection, leases,
-reports. Ideal makespan: total device time / D, rounded up by the longest test, i.e.
-ceil(tests / D) * S. A run of the same tests with ``sleep 0`` on one device gives the overhead that is
-paid per test (lease acquire/release, heartbeat, fence, reporting) apart from the fixed start-up.
+reports. pytest runs as ``farm qualify`` runs it: with the auto-loaded plugins the farm does not use
+blocked (farm.cli.qualify.UNRELATED_PLUGINS). Ideal makespan: total device time / D, rounded up by the
+longest test, i.e. ceil(tests / D) * S. A run of the same tests with ``sleep 0`` on one device gives the
+overhead that is paid per test (lease acquire/release, heartbeat, fence, reporting) apart from the
+fixed start-up.
+
+``--before REV`` measures the plugin (``fixtures/``) of git revision REV beside this checkout's, each
+device count run before then after (the host's load is shared by both), and "before" with pytest's
+plugins as the environment auto-loads them, as REV's ``farm qualify`` ran it. Only the plugin is
+taken from REV; ``farm`` is this checkout's.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 TARGETS = {1: 1.05, 8: 1.10}
 
@@ -39,7 +50,7 @@ def test_device_work(device, i):
 
 
 def run_once(tmp: Path, devices: int, tests: int, sleep: float, bundle: Path,
-             extra: list[str]) -> float:
+             extra: list[str], env: dict[str, str] | None = None) -> float:
     """Wall seconds of one pytest run of ``tests`` tests on ``devices`` fresh virtual devices."""
     from farm.virtual import VirtualDeviceSpec, VirtualFarm
     from tests.plugin_helpers import explain, farm_toml, run_pytest
@@ -52,11 +63,31 @@ def run_once(tmp: Path, devices: int, tests: int, sleep: float, bundle: Path,
         started = time.perf_counter()
         proc = run_pytest(["test_device_work.py", "-n", str(devices), "--farm-config", str(config),
                            "--farm-bundle", str(bundle), "--farm-out", str(work / "out"), *extra],
-                          cwd=work, timeout=3600)
+                          cwd=work, env=env, timeout=3600)
         wall = time.perf_counter() - started
     if proc.returncode != 0 or f"{tests} passed" not in proc.stdout:
         raise SystemExit(f"pytest on {devices} devices failed:\n{explain(proc)}")
     return wall
+
+
+@dataclass
+class Variant:
+    label: str
+    extra: list[str]  # pytest arguments
+    env: dict[str, str] | None = None  # PYTHONPATH with another revision's plugin
+    idle: float = 0.0
+    rows: list[tuple[int, float, float]] = field(default_factory=list)  # (devices, wall, ideal)
+
+
+def plugin_of(rev: str, into: Path) -> dict[str, str]:
+    """The environment a pytest run needs to load the plugin of git revision ``rev``: its fixtures/
+    exported as ``ptefarm_fixtures`` first on PYTHONPATH (ahead of the editable install's finder)."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "fixtures"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    (into / "fixtures").rename(into / "ptefarm_fixtures")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(into), os.environ.get("PYTHONPATH")]))}
 
 
 def main() -> int:
@@ -65,38 +96,59 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=2.0)
     parser.add_argument("--devices", default="1,2,4,8")
     parser.add_argument("--pytest-args", default="",
-                        help="extra pytest arguments, e.g. '-p no:hypothesispytest -p no:hydra_pytest' "
-                             "to measure without the third-party plugins the environment installs")
+                        help="extra pytest arguments of every run, e.g. '-p hypothesispytest' to "
+                             "measure with a plugin the farm blocks")
+    parser.add_argument("--before", metavar="REV", default=None,
+                        help="also measure the plugin of this git revision (with pytest's default "
+                             "plugins), side by side")
     args = parser.parse_args()
-    extra = args.pytest_args.split()
+    from farm.cli.qualify import unrelated_plugin_args
     from tests.device_helpers import make_qnn_bundle
 
     counts = [int(d) for d in args.devices.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-orchestration-", dir="/tmp"))
     try:
+        variants = [Variant("after" if args.before else "", [*unrelated_plugin_args(),
+                                                              *args.pytest_args.split()])]
+        if args.before:
+            variants.insert(0, Variant("before", args.pytest_args.split(),
+                                       plugin_of(args.before, tmp / "before")))
         bundle = make_qnn_bundle(tmp / "bundle", name="orchestration")
-        idle = run_once(tmp, 1, args.tests, 0, bundle, extra)
-        rows = []
-        for d in counts:
-            wall = run_once(tmp, d, args.tests, args.sleep, bundle, extra)
-            ideal = math.ceil(args.tests / d) * args.sleep
-            rows.append((d, wall, ideal))
+        for v in variants:
+            v.idle = run_once(tmp, 1, args.tests, 0, bundle, v.extra, v.env)
+        for d in counts:  # before and after one after the other: they share the host's load
+            for v in variants:
+                wall = run_once(tmp, d, args.tests, args.sleep, bundle, v.extra, v.env)
+                v.rows.append((d, wall, math.ceil(args.tests / d) * args.sleep))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"{args.tests} tests of `sleep {args.sleep:g}` on the device, through the pytest plugin "
-          f"(-n D, one worker per device){' ' + args.pytest_args if extra else ''}")
-    print(f"  {'devices':>7} {'wall s':>8} {'ideal s':>8} {'ratio':>6} {'overhead s':>11} "
-          f"{'per test on a device s':>23}")
-    for d, wall, ideal in rows:
-        per_slot = (wall - ideal) / math.ceil(args.tests / d)
-        print(f"  {d:>7} {wall:8.2f} {ideal:8.2f} {wall / ideal:6.3f} {wall - ideal:11.2f} "
-              f"{per_slot:23.3f}")
-    print(f"  same {args.tests} tests with `sleep 0` on 1 device: {idle:.2f} s "
-          f"({idle / args.tests * 1000:.0f} ms a test, start-up included)")
-    ratios = ", ".join(f"{d} dev {wall / ideal:.3f}x" + (f" (target <= {TARGETS[d]})" if d in TARGETS
-                                                         else "") for d, wall, ideal in rows)
-    print(f"summary: wall / ideal makespan: {ratios}")
+          f"(-n D, one worker per device)")
+    for v in variants:
+        what = (f"the plugin of {args.before}, pytest's plugins as installed" if v.label == "before"
+                else "this checkout, as farm qualify runs pytest")
+        print(f"  {v.label or 'run'}: {what}: {shlex.join(v.extra) or 'no extra pytest arguments'}")
+    print(f"  {'variant':>7} {'devices':>7} {'wall s':>8} {'ideal s':>8} {'ratio':>6} "
+          f"{'overhead s':>11} {'per test on a device s':>23}")
+    for i, d in enumerate(counts):
+        for v in variants:
+            _, wall, ideal = v.rows[i]
+            per_slot = (wall - ideal) / math.ceil(args.tests / d)
+            print(f"  {v.label or '-':>7} {d:>7} {wall:8.2f} {ideal:8.2f} {wall / ideal:6.3f} "
+                  f"{wall - ideal:11.2f} {per_slot:23.3f}")
+    for v in variants:
+        print(f"  {v.label + ': ' if v.label else ''}same {args.tests} tests with `sleep 0` on 1 "
+              f"device: {v.idle:.2f} s ({v.idle / args.tests * 1000:.0f} ms a test, start-up included)")
+
+    def ratios(v: Variant, targets: bool) -> str:
+        return ", ".join(f"{d} dev {wall / ideal:.3f}x" + (f" (target <= {TARGETS[d]})"
+                                                          if targets and d in TARGETS else "")
+                         for d, wall, ideal in v.rows)
+
+    after = variants[-1]
+    before = f"; before ({args.before}): {ratios(variants[0], False)}" if args.before else ""
+    print(f"summary: wall / ideal makespan: {ratios(after, True)}{before}")
     return 0
 
 

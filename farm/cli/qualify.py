@@ -77,6 +77,8 @@ def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retri
     write the release qualification report (report.html, report.md) beside the JUnit files.
 
     Arguments after the options go to pytest: `farm qualify --virtual SM8650 -- -m gate -k story`.
+    pytest runs without the plugins the environment installs that the suites never use (hypothesis,
+    hydra, anyio, kgb: seconds of start-up per worker); `-- -p anyio` loads one back.
     The last line printed is the HTML report's path.
 
     Exit code: 0 all passed, 1 a test failed, 4 throughput regressed against the baseline (no test
