@@ -159,7 +159,8 @@ def test_lease_wait_in_a_log_is_plain_lines_that_do_not_repeat(busy_pool):
     reporter = LeaseWaitReporter(pool.status, LeaseRequest(socs=("SM8650",)), stream=log,
                                  refresh_s=0.0)
     with pytest.raises(LeaseTimeout):
-        pool.acquire(LeaseRequest(socs=("SM8650",)), timeout_s=2.0, on_wait=reporter)
+        # 5 s: the pool calls back about once a second; a loaded host must still see one call.
+        pool.acquire(LeaseRequest(socs=("SM8650",)), timeout_s=5.0, on_wait=reporter)
     lines = log.getvalue().splitlines()
     assert lines == ["farm: " + reporter.shown[0]]  # said once: who holds them did not change
     assert "both held by alice@ci-3 (pr, " in lines[0] and "\r" not in log.getvalue()
@@ -168,8 +169,8 @@ def test_lease_wait_in_a_log_is_plain_lines_that_do_not_repeat(busy_pool):
 def test_farm_pool_lease_says_whom_it_waits_for(busy_pool):
     url, _, _ = busy_pool
     done = CliRunner().invoke(main, ["pool", "lease", "--url", url, "--soc", "SM8650",
-                                     "--timeout", "2.5"], env=_env())
+                                     "--timeout", "5"], env=_env())
     assert done.exit_code == 3  # no device in time: infrastructure
-    assert "farm: waiting 1 s for SoC SM8650: both held by alice@ci-3 (pr, " in done.stderr \
-        or "farm: waiting 2 s for SoC SM8650: both held by alice@ci-3 (pr, " in done.stderr
+    assert any(f"farm: waiting {n} s for SoC SM8650: both held by alice@ci-3 (pr, " in done.stderr
+               for n in range(1, 6))
     assert "no device for request" in done.stderr

@@ -13,6 +13,7 @@ terminal to 80 columns, which cut table cells ("SM-S…") and broke long paths m
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -103,7 +104,8 @@ class LeaseWaitReporter:
             line = describe_wait(self.status(), self.request, waited_s)
         except Exception:  # noqa: BLE001: a display must never end the wait; the lease says more
             return
-        what = line.split(": ", 1)[-1]
+        # Who holds what, without the times (how long each holder has held it grows every second).
+        what = re.sub(r"\b\d+ s\b", "", line.split(": ", 1)[-1])
         if self.live:
             self.stream.write(f"\r\x1b[2K{line}…")
         elif what != self._what or now - self._logged_at >= LOG_EVERY_S:
