@@ -9,9 +9,7 @@ those, or a baseline's name (``farm baseline set RUN --name v1.0``).
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,19 +43,12 @@ def report() -> None:
 
 # -- finding runs -------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def open_store(config_path: str | None = None) -> Iterator[Any]:
-    """The results store in the configured pool's database (farm.results_store), or None in a
-    checkout that does not have one yet."""
-    try:
-        from farm.results_store import ResultsStore, results_url
-    except ImportError:
-        yield None
-        return
+def open_store(config_path: str | None = None) -> Any:
+    """The results store in the configured pool's database (farm.results_store)."""
     from farm.config import load_config
+    from farm.results_store import ResultsStore, results_url
 
-    with ResultsStore.open(results_url(load_config(config_path))) as store:
-        yield store
+    return ResultsStore.open(results_url(load_config(config_path)))
 
 
 def _parse_results(path: Path) -> RunResults:
@@ -103,9 +94,6 @@ def load_run(source: str, *, config_path: str | None = None, what: str = "RUN") 
     if found is not None:
         return found
     with open_store(config_path) as store:
-        if store is None:
-            raise UsageError(f"{what} {source!r}: no such report directory or results.json, and this "
-                             "checkout has no results store (farm/results_store.py) to look run ids up in")
         try:
             return store.load_run(source)
         except UsageError as e:
@@ -118,10 +106,6 @@ def load_baseline(source: str, *, config_path: str | None = None, what: str = "-
     if found is not None:
         return found
     with open_store(config_path) as store:
-        if store is None:
-            raise UsageError(f"{what} {source!r}: no such report directory or results.json, and this "
-                             "checkout has no results store (farm/results_store.py) for runs and "
-                             "baseline names")
         try:
             run = store.baseline(source)
         except UsageError as by_name:
@@ -135,9 +119,9 @@ def load_baseline(source: str, *, config_path: str | None = None, what: str = "-
 
 
 def latest_baseline(bundle: str, *, config_path: str | None = None) -> RunResults | None:
-    """The newest named baseline of ``bundle`` in the results store; None without a store or one."""
+    """The newest named baseline of ``bundle`` in the results store; None without one."""
     with open_store(config_path) as store:
-        found = store.latest_baseline(bundle) if store is not None else None
+        found = store.latest_baseline(bundle)
     if found is None:
         return None
     info, run = found
