@@ -24,42 +24,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 me=ci/nightly.sh
 
-usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
-bad_usage() { echo "$me: $*" >&2; echo "usage: $me [--virtual] [--out DIR] [--bundle MANIFEST]" \
-  "[--baseline NAME] [--min-effect PCT] [--inconclusive pass|fail] [--config FILE] [SOC...]" \
-  "[-- PYTEST_ARGS]  ($me --help)" >&2; exit 2; }
+# shellcheck source=ci/lib.sh
+. ci/lib.sh
 
 purpose=${PTEFARM_PURPOSE:-nightly}
 case "$purpose" in
   nightly|release) ;;
   *) bad_usage "PTEFARM_PURPOSE must be nightly or release, got '$purpose'" ;;
 esac
-virtual=0 out="" bundle=${PTEFARM_BUNDLE:-} baseline=${PTEFARM_BASELINE:-}
-socs=() passthrough=() pytest_args=()
-while [ "$#" -gt 0 ]; do
-  case "$1" in
-    -h|--help) usage; exit 0 ;;
-    --virtual) virtual=1 ;;
-    --out|--bundle|--baseline|--config|--min-effect|--inconclusive)
-      if [ "$#" -lt 2 ] || [ -z "$2" ]; then bad_usage "$1 needs a value"; fi
-      case "$1" in
-        --out) out=$2 ;; --bundle) bundle=$2 ;; --baseline) baseline=$2 ;; *) passthrough+=("$1" "$2") ;;
-      esac
-      shift ;;
-    --out=*) out=${1#*=} ;;
-    --bundle=*) bundle=${1#*=} ;;
-    --baseline=*) baseline=${1#*=} ;;
-    --config=*|--min-effect=*|--inconclusive=*) passthrough+=("$1") ;;
-    --) shift; pytest_args=("$@"); break ;;
-    -*) bad_usage "unknown option $1" ;;
-    *) socs+=("$1") ;;
-  esac
-  shift
-done
-if [ "$virtual" = 1 ]; then pattern='^[A-Za-z0-9]+(:[1-9][0-9]*)?$'; else pattern='^[A-Za-z0-9]+$'; fi
-for soc in ${socs[@]+"${socs[@]}"}; do
-  [[ "$soc" =~ $pattern ]] || bad_usage "bad SoC '$soc' (a name like SM8650; SM8650:2 with --virtual)"
-done
+parse_options "$@"
+check_socs ${socs[@]+"${socs[@]}"}
 if [ "$virtual" = 1 ] && [ "${#socs[@]}" -eq 0 ]; then
   socs=(SM8650:2 SM8550 SM8750)  # ci/qualify.sh's devices
 fi
@@ -80,21 +54,4 @@ args+=(${passthrough[@]+"${passthrough[@]}"})
 echo "$me: $purpose qualification on ${socs[*]:-every SoC of the pool}$([ "$virtual" = 1 ] &&
   echo ' (virtual devices)'), config ${PTEFARM_CONFIG:-./farm.toml if present}," \
   "baseline ${baseline:-the latest named one}" >&2
-echo "+ farm$(printf " %q" "${args[@]}")" >&2
-
-# farm runs in the background so that a signal to this script alone (a CI runner cancelling the job)
-# still reaches it, as SIGTERM (a background job ignores SIGINT): farm then stops like on Ctrl-C,
-# releases its leases and writes a partial report (exit 130).
-farm "${args[@]}" &
-farm_pid=$!
-trap 'kill -TERM "$farm_pid" 2>/dev/null || true' INT TERM
-while kill -0 "$farm_pid" 2>/dev/null; do wait "$farm_pid" || true; done
-code=0
-wait "$farm_pid" || code=$?  # bash keeps the status of a reaped background job
-trap - INT TERM
-python ci/annotations.py "$out" --exit-code "$code" \
-  || echo "$me: warning: ci/annotations.py failed; the report is in $out" >&2
-if [ -f "$out/report.html" ]; then
-  realpath -- "$out/report.html"  # the last line: where the report is
-fi
-exit "$code"
+run_farm "${args[@]}"

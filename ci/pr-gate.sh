@@ -21,33 +21,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 me=ci/pr-gate.sh
 
-usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
-bad_usage() { echo "$me: $*" >&2; echo "usage: $me [--virtual] [--out DIR] [--bundle MANIFEST]" \
-  "[--baseline NAME] [--min-effect PCT] [--inconclusive pass|fail] [--config FILE] [SOC...]" \
-  "[-- PYTEST_ARGS]  ($me --help)" >&2; exit 2; }
+# shellcheck source=ci/lib.sh
+. ci/lib.sh
 
-virtual=0 out="" bundle=${PTEFARM_BUNDLE:-} baseline=${PTEFARM_BASELINE:-}
-socs=() passthrough=() pytest_args=()
-while [ "$#" -gt 0 ]; do
-  case "$1" in
-    -h|--help) usage; exit 0 ;;
-    --virtual) virtual=1 ;;
-    --out|--bundle|--baseline|--config|--min-effect|--inconclusive)
-      if [ "$#" -lt 2 ] || [ -z "$2" ]; then bad_usage "$1 needs a value"; fi
-      case "$1" in
-        --out) out=$2 ;; --bundle) bundle=$2 ;; --baseline) baseline=$2 ;; *) passthrough+=("$1" "$2") ;;
-      esac
-      shift ;;
-    --out=*) out=${1#*=} ;;
-    --bundle=*) bundle=${1#*=} ;;
-    --baseline=*) baseline=${1#*=} ;;
-    --config=*|--min-effect=*|--inconclusive=*) passthrough+=("$1") ;;
-    --) shift; pytest_args=("$@"); break ;;
-    -*) bad_usage "unknown option $1" ;;
-    *) socs+=("$1") ;;
-  esac
-  shift
-done
+parse_options "$@"
 if [ "${#socs[@]}" -eq 0 ] && [ -n "${PTEFARM_GATE_SOCS:-}" ]; then
   read -r -a socs <<<"${PTEFARM_GATE_SOCS//,/ }"
 fi
@@ -78,10 +55,7 @@ if [ "${#socs[@]}" -eq 0 ]; then
   read -r -a socs <<<"${gate%%$'\n'*}"
 fi
 [ "${#socs[@]}" -gt 0 ] || bad_usage "no SoC to gate on (arguments, PTEFARM_GATE_SOCS or $gate_config)"
-for soc in "${socs[@]}"; do
-  if [ "$virtual" = 1 ]; then pattern='^[A-Za-z0-9]+(:[1-9][0-9]*)?$'; else pattern='^[A-Za-z0-9]+$'; fi
-  [[ "$soc" =~ $pattern ]] || bad_usage "bad SoC '$soc' (a name like SM8650; SM8650:2 with --virtual)"
-done
+check_socs "${socs[@]}"
 
 out=${out:-reports/pr-$(date -u +%Y%m%d-%H%M%S)}
 args=(qualify --purpose pr --priority pr --out "$out")
@@ -94,21 +68,4 @@ args+=(${passthrough[@]+"${passthrough[@]}"})
 args+=(-- -m "$marker" ${pytest_args[@]+"${pytest_args[@]}"})
 echo "$me: gate on ${socs[*]}$([ "$virtual" = 1 ] && echo ' (virtual devices)'), config" \
   "${PTEFARM_CONFIG:-./farm.toml if present}" >&2
-echo "+ farm$(printf " %q" "${args[@]}")" >&2
-
-# farm runs in the background so that a signal to this script alone (a CI runner cancelling the job)
-# still reaches it, as SIGTERM (a background job ignores SIGINT): farm then stops like on Ctrl-C,
-# releases its leases and writes a partial report (exit 130).
-farm "${args[@]}" &
-farm_pid=$!
-trap 'kill -TERM "$farm_pid" 2>/dev/null || true' INT TERM
-while kill -0 "$farm_pid" 2>/dev/null; do wait "$farm_pid" || true; done
-code=0
-wait "$farm_pid" || code=$?  # bash keeps the status of a reaped background job
-trap - INT TERM
-python ci/annotations.py "$out" --exit-code "$code" \
-  || echo "$me: warning: ci/annotations.py failed; the report is in $out" >&2
-if [ -f "$out/report.html" ]; then
-  realpath -- "$out/report.html"  # the last line: where the report is
-fi
-exit "$code"
+run_farm "${args[@]}"
