@@ -22,7 +22,7 @@ from farm.devices import find_device
 from farm.run import run
 from farm.runprofile import OUTPUTS, RunRequest, runner_argv
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
-from farm.virtual.manager import free_port, is_device_process
+from farm.virtual.manager import is_device_process
 
 # What an upstream script pushes as its runner: here, the farm's host runner behind the name.
 WRAPPER = '#!/system/bin/sh\nexec farm-llama-runner "$@"\n'
@@ -136,14 +136,6 @@ def test_adb_reboot_keeps_storage_and_ends_the_previous_boot(phone, tmp_path):
 
 # --- farm virtual reboot|offline|online|set ------------------------------------------------------------
 
-@pytest.fixture
-def cli_env(tmp_path):
-    home = tmp_path / "home"
-    port = free_port()
-    config = tmp_path / "farm.toml"
-    config.write_text(f'[farm]\nhome = "{home}"\n\n[[adb_servers]]\nport = {port}\n')
-    yield {"PTEFARM_CONFIG": str(config)}, home, port
-    VirtualFarm(home=home, adb_port=port).down()  # whatever a failed test left
 
 
 def _invoke(args, env) -> str:
@@ -152,8 +144,8 @@ def _invoke(args, env) -> str:
     return result.output
 
 
-def test_cli_offline_online_reboot_and_set(cli_env):
-    env, home, port = cli_env
+def test_cli_offline_online_reboot_and_set(virtual_cli_env):
+    env, home, port = virtual_cli_env
     _invoke(["up", "--soc", "SM8650"], env)
     vf = VirtualFarm(home=home, adb_port=port, tie_to_owner=False)
     (dev,) = vf.devices

@@ -14,18 +14,8 @@ from farm.adb_server import AdbServer
 from farm.cli.virtual import parse_soc_counts, virtual
 from farm.errors import UsageError
 from farm.virtual import VirtualFarm
-from farm.virtual.manager import free_port
 
 
-@pytest.fixture
-def cli_env(tmp_path):
-    home = tmp_path / "home"
-    port = free_port()
-    config = tmp_path / "farm.toml"
-    config.write_text(f'[farm]\nhome = "{home}"\n\n[[adb_servers]]\nport = {port}\n')
-    env = {"PTEFARM_CONFIG": str(config)}
-    yield env, home, port
-    VirtualFarm(home=home, adb_port=port).down()  # whatever a failed test left
 
 
 def _alive(pid: int) -> bool:
@@ -42,8 +32,8 @@ def _invoke(args, env):
     return result.output
 
 
-def test_up_ls_down(cli_env):
-    env, home, port = cli_env
+def test_up_ls_down(virtual_cli_env):
+    env, home, port = virtual_cli_env
     out = _invoke(["up", "--soc", "SM8650:2", "--soc", "SM8550"], env)
     assert out.count("SM8650") == 2 and "kalama" in out
     state = json.loads((home / "virtual" / "state.json").read_text())
@@ -62,8 +52,8 @@ def test_up_ls_down(cli_env):
 
 
 @pytest.mark.parametrize("kill_adb_server", [False, True])
-def test_down_after_crash(cli_env, kill_adb_server):
-    env, home, port = cli_env
+def test_down_after_crash(virtual_cli_env, kill_adb_server):
+    env, home, port = virtual_cli_env
     _invoke(["up", "--soc", "SM8650", "--count", "2"], env)
     state = json.loads((home / "virtual" / "state.json").read_text())
     pids = [d["pid"] for d in state["devices"]]
@@ -83,8 +73,8 @@ def test_down_after_crash(cli_env, kill_adb_server):
     _invoke(["down"], env)  # nothing up: still fine
 
 
-def test_unknown_soc_is_a_usage_error(cli_env):
-    env, home, _ = cli_env
+def test_unknown_soc_is_a_usage_error(virtual_cli_env):
+    env, home, _ = virtual_cli_env
     result = CliRunner().invoke(virtual, ["up", "--soc", "SM1234"], env=env)
     assert isinstance(result.exception, UsageError)
     assert "SM1234" in str(result.exception)

@@ -2,6 +2,9 @@
 
 - ``virtual_farm``: a fresh VirtualFarm (nothing started yet) in tmp_path with its own adb server port;
   call ``.up([...])`` in the test. Everything it started is stopped at teardown.
+- ``virtual_cli_env``: ``(env, home, port)`` for running ``farm virtual ...`` as a user would: a farm.toml
+  (in ``env`` as PTEFARM_CONFIG) naming a home and a free adb server port; whatever a test left up is
+  brought down at teardown.
 - ``shared_virtual_farm``: one per session with an SM8650 and a platform-only SM8550 device, for tests
   that do not change a device's state (no faults, no kill, no restart).
 """
@@ -19,6 +22,18 @@ from farm.virtual import VirtualDeviceSpec, VirtualFarm
 def virtual_farm(tmp_path) -> Iterator[VirtualFarm]:
     with VirtualFarm(home=tmp_path / "farm") as vf:
         yield vf
+
+
+@pytest.fixture
+def virtual_cli_env(tmp_path):
+    from farm.virtual.manager import free_port
+
+    home = tmp_path / "home"
+    port = free_port()
+    config = tmp_path / "farm.toml"
+    config.write_text(f'[farm]\nhome = "{home}"\n\n[[adb_servers]]\nport = {port}\n')
+    yield {"PTEFARM_CONFIG": str(config)}, home, port
+    VirtualFarm(home=home, adb_port=port).down()  # whatever a failed test left
 
 
 @pytest.fixture(scope="session")
