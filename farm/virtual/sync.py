@@ -246,16 +246,13 @@ class SyncService:
                 tmp_path = None
                 self._emit(b"OKAY" + struct.pack("<I", 0))
             else:
+                # Before the reply: a client told FAIL finds no partial file of ours left.
+                _discard_partial(tmp_fd, tmp_path)
+                tmp_fd, tmp_path = -1, None
                 self._fail(error)
         finally:
             # Also on a dropped connection: never leave the partial file behind.
-            if tmp_fd >= 0:
-                os.close(tmp_fd)
-            if tmp_path is not None:
-                try:
-                    os.unlink(tmp_path)
-                except OSError as e:
-                    log.warning("cannot remove the partial file %s: %s", tmp_path, e)
+            _discard_partial(tmp_fd, tmp_path)
 
     _HANDLERS: ClassVar[dict[bytes, Callable[[SyncService, str], None]]] = {
         b"STAT": _stat_v1,
@@ -266,6 +263,16 @@ class SyncService:
         b"RECV": _recv,
         b"SEND": _send,
     }
+
+
+def _discard_partial(fd: int, path: Path | None) -> None:
+    if fd >= 0:
+        os.close(fd)
+    if path is not None:
+        try:
+            os.unlink(path)
+        except OSError as e:
+            log.warning("cannot remove the partial file %s: %s", path, e)
 
 
 def _write_all(fd: int, data: memoryview) -> None:
