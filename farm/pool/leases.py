@@ -115,16 +115,24 @@ def dispatch(txn: Txn, liveness_s: float | None = None) -> dict[int, str]:
     that many seconds are granted. Returns {queue id: lease token} of the grants.
     """
     txn.freed = False
-    queue = waiting(txn)
-    if not queue:
-        return {}
-    granted: dict[int, str] = {}
     seen_since = -math.inf if liveness_s is None else txn.now - liveness_s
     # Least recently changed first, so that load spreads over equivalent devices.
-    for row in txn.all("SELECT * FROM devices WHERE state = ? AND last_seen >= ? "
-                       "ORDER BY state_since, serial", (AVAILABLE, seen_since)):
+    devices = txn.all("SELECT * FROM devices WHERE state = ? AND last_seen >= ? "
+                      "ORDER BY state_since, serial", (AVAILABLE, seen_since))
+    if not devices:
+        return {}
+    # Service order in SQL (QueueEntry.rank), and a row parsed only when a device reaches it: this
+    # runs under the pool lock, and with a long queue parsing every waiter's request on every
+    # release was most of the lock's hold time.
+    rows = txn.all("SELECT * FROM queue ORDER BY priority DESC, id")
+    entries: list[QueueEntry | None] = [None] * len(rows)
+    granted: dict[int, str] = {}
+    for row in devices:
         device = device_from_row(row)
-        for entry in queue:
+        for i, queue_row in enumerate(rows):
+            entry = entries[i]
+            if entry is None:
+                entry = entries[i] = queue_from_row(queue_row)
             if entry.id not in granted and entry.request.matches(device):
                 granted[entry.id] = _grant(txn, device, entry)
                 break
@@ -245,12 +253,14 @@ class Pool:
         queue_id: int | None = None
         last_write = 0.0
         listener: Listener | None = None
+        announced = False  # the listener heard of our grant: read it without polling first
         try:
             while True:
                 give_up = time.monotonic() >= deadline
                 if (queue_id is not None and not give_up
                         and time.monotonic() - last_write < self.waiter_stale_s / 4):
-                    poll = self._poll(queue_id)
+                    poll = "granted" if announced else self._poll(queue_id)
+                    announced = False
                     if poll == "granted":
                         # Dispatch committed our lease already: reading it needs no write lock.
                         started = fence_clock()
@@ -264,7 +274,7 @@ class Pool:
                         # Nothing for us yet: wait without taking the pool's write lock.
                         if on_wait is not None:
                             on_wait(time.monotonic() - began)
-                        self._wait(listener, queue_id, deadline)
+                        announced = self._wait(listener, queue_id, deadline)
                         continue
                 started = fence_clock()
                 with self._write() as txn:
@@ -303,17 +313,18 @@ class Pool:
         return Lease(self, outcome.lease, outcome.device, ttl, heartbeat_s,
                      valid_until=started + outcome.remaining_s - fence_margin(ttl))
 
-    def _wait(self, listener: Listener | None, queue_id: int, deadline: float) -> None:
-        """Until our grant is announced, or the next poll is due (jittered, so that waiters do not
-        poll in lock-step), or the deadline."""
+    def _wait(self, listener: Listener | None, queue_id: int, deadline: float) -> bool:
+        """Until our grant is announced (True), or the next poll is due (jittered, so that waiters
+        do not poll in lock-step), or the deadline."""
         interval = max(self.poll_s, PUSHED_POLL_S) if listener and listener.pushes else self.poll_s
         until = min(deadline, time.monotonic() + interval * random.uniform(0.5, 1.5))
         if listener is None:
             time.sleep(max(0.0, until - time.monotonic()))
-            return
+            return False
         while (left := until - time.monotonic()) > 0:
             if queue_id in listener.wait(left):
-                return
+                return True
+        return False
 
     def _poll(self, queue_id: int) -> str:
         """One cheap read: "granted" (dispatch gave us a lease), "waiting" (nothing a write could

@@ -84,7 +84,11 @@ class PostgresStore(Store):
     def _transaction(self, *, write: bool) -> Iterator[Txn]:
         conn = self._connect()
         try:
-            with conn.transaction():
+            # Pipeline mode: statements whose results nobody reads (UPDATE, INSERT, NOTIFY) go out
+            # without waiting for their reply; only a fetch waits. A pool change is then about four
+            # round trips instead of a dozen, and the pool lock is held that much shorter.
+            # (Statements still run in order on the server: the clock below is read after the lock.)
+            with conn.pipeline(), conn.transaction():
                 cur = conn.cursor()
                 # The clock is read after the lock is granted: "now" is when we hold the pool.
                 if write:
