@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from farm.adb_server import FarmAdbClient
@@ -12,6 +13,9 @@ from farm.device_transport import client_for, list_server
 from farm.errors import AdbError, AdbServerDown, DeviceGone, FarmError, UsageError
 
 log = logging.getLogger(__name__)
+
+# Probes of one server's devices in flight at once (each holds a connection to the adb server).
+MAX_PARALLEL_PROBES = 16
 
 
 @dataclass
@@ -35,16 +39,26 @@ def scan_server(server: AdbServerAddress, *, workspace_root: str = DEFAULT_WORKS
         client, entries = _listing(server)
     except AdbError as e:
         return ServerScan(server, [], error=str(e), failure=e)
-    devices = []
-    for serial, state in entries:
+
+    def probe(entry: tuple[str, str]) -> DeviceInfo:
+        serial, state = entry
         if state != "device":
-            devices.append(DeviceInfo(serial=serial, server=str(server), state=state))
-            continue
+            return DeviceInfo(serial=serial, server=str(server), state=state)
         try:
-            devices.append(Device(client, serial, server, workspace_root=workspace_root).info())
+            return Device(client, serial, server, workspace_root=workspace_root).info()
         except FarmError as e:
             log.warning("device %s on %s: cannot probe it: %s", serial, server, e)
-            devices.append(DeviceInfo(serial=serial, server=str(server), state="error", error=str(e)))
+            return DeviceInfo(serial=serial, server=str(server), state="error", error=str(e))
+
+    # Devices are probed side by side: each probe is a few shell round trips spent waiting on its
+    # device, and a session start-up waits for the slowest server's scan (8 devices: 0.26 s
+    # one after another).
+    if len(entries) <= 1:
+        devices = [probe(e) for e in entries]
+    else:
+        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_PROBES, len(entries)),
+                                thread_name_prefix="probe") as pool:
+            devices = list(pool.map(probe, entries))
     return ServerScan(server, devices)
 
 
