@@ -18,8 +18,9 @@ because the record is only ever wrong through deliberate tampering or a broken c
 Each push goes to ``NAME.ptefarm-partial`` and is renamed by one ``mv`` after all pushes, so an
 interrupted deploy never leaves a half file under a real name; the next deploy deletes the leftovers
 (also an adbd's own temp files such as ``.NAME.ptefarm-partial.ptefarm-partial-PID``, left by a killed
-device). Up to ``IN_FLIGHT`` files are pushed at once, biggest first, one sync connection each; a
-failure (or Ctrl-C) stops the others at their next block, so their partial files are dropped too.
+device). Up to ``IN_FLIGHT`` files are pushed at once, biggest first, one sync connection each (kept
+for the next file and the record: ``DeviceTransport.keep_sync``); a failure (or Ctrl-C) stops the
+others at their next block, so their partial files are dropped too.
 
 The record holds only digests the deploy knows for the bytes on the device: for a kept file the digest
 the device's ``sha256sum`` reported or the previous record's; for a pushed file the sha256 of the host
@@ -59,6 +60,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -322,30 +324,40 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
     if on_plan:
         on_plan(need)
 
-    # 3. Push every changed file under a temporary name, dated a little in the past (see above).
+    # 3. Push every changed file under a temporary name, dated a little in the past (see above),
+    # then (4.) the new record under a temp name, over sync streams kept between the pushes.
     file_mtime = int(time.time()) - PUSH_MTIME_AGE_S
-    digests = _push_files(device, bundle, ws, to_push, need, mtime=file_mtime, timeout=timeout,
-                          on_progress=on_progress)
-    for f in files:  # reported in the manifest's order, whatever order the pushes finished in
-        if f.name in digests:
-            known[f.name] = digests[f.name]
-            report.files_pushed += 1
-            report.bytes_pushed += f.size
-            report.pushed.append(f.name)
+    with _sync_streams_kept(device):
+        digests = _push_files(device, bundle, ws, to_push, need, mtime=file_mtime,
+                              timeout=timeout, on_progress=on_progress)
+        for f in files:  # reported in the manifest's order, whatever order the pushes finished in
+            if f.name in digests:
+                known[f.name] = digests[f.name]
+                report.files_pushed += 1
+                report.bytes_pushed += f.size
+                report.pushed.append(f.name)
 
-    if not to_push and not to_hash and record_file is not None:
-        report.seconds = time.monotonic() - started
-        return report  # nothing changed, nothing learned: the record stands
+        if not to_push and not to_hash and record_file is not None:
+            report.seconds = time.monotonic() - started
+            return report  # nothing changed, nothing learned: the record stands
 
-    # 4. The new record under a temp name, then one command puts everything in place.
-    entries = {f.name: {"sha256": known[f.name], "size": f.size,
-                        "mtime": file_mtime if f.name in pushing else remote[f.name].mtime}
-               for f in files if f.name in known}
-    body = json.dumps({"bundle": bundle.name, "files": entries}, sort_keys=True).encode()
-    device.push(io.BytesIO(body), posixpath.join(ws, RECORD_NAME + PARTIAL_SUFFIX), timeout=timeout)
+        entries = {f.name: {"sha256": known[f.name], "size": f.size,
+                            "mtime": file_mtime if f.name in pushing else remote[f.name].mtime}
+                   for f in files if f.name in known}
+        body = json.dumps({"bundle": bundle.name, "files": entries}, sort_keys=True).encode()
+        device.push(io.BytesIO(body), posixpath.join(ws, RECORD_NAME + PARTIAL_SUFFIX),
+                    timeout=timeout)
+    # 5. One command puts everything in place.
     device.shell(_finish_command(ws, files, pushing), timeout=timeout, check=True)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _sync_streams_kept(device: DeviceLike) -> AbstractContextManager[object]:
+    """``device.keep_sync()`` where the device offers it (``farm.devices.Device`` does: one sync
+    stream carries several pushes, as with ``adb push`` of many files), else nothing."""
+    keep = getattr(device, "keep_sync", None)
+    return keep() if callable(keep) else nullcontext()
 
 
 def _finish_command(ws: str, files: list[BundleFile], pushing: set[str]) -> str:

@@ -29,6 +29,7 @@ import logging
 import socket
 import stat
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -170,6 +171,24 @@ def _fill_block(src: BinaryIO, buf: bytearray, view: memoryview) -> _Block | Non
     return _Block(pos, data) if data else None
 
 
+def _still_open(sock: socket.socket) -> bool:
+    """An idle stream has nothing to read: EOF, an error or stray bytes all mean it is unusable."""
+    previous = sock.gettimeout()
+    try:
+        sock.settimeout(0)
+        sock.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        try:
+            sock.settimeout(previous)
+        except OSError:
+            pass
+    return False
+
+
 class DeviceTransport:
     """The streams of one device (``state == "device"``) on one adb server."""
 
@@ -177,6 +196,10 @@ class DeviceTransport:
         self.client = client
         self.serial = serial
         self.server = server
+        # Sync streams kept open for reuse while some keep_sync() block runs (see there).
+        self._sync_lock = threading.Lock()
+        self._sync_keepers = 0
+        self._sync_idle: list[socket.socket] = []
 
     def state(self) -> str | None:
         """The adb server's state for this serial ("device", "offline", ...), None if not listed."""
@@ -242,16 +265,68 @@ class DeviceTransport:
                 timed_out: Callable[[], str]) -> Iterator[socket.socket]:
         """The socket of a stream to ``service``, closed on the way out; the one place where a stalled
         or broken stream becomes a farm error. ``what`` and ``timed_out`` are asked at failure time,
-        so they can tell how far the operation got."""
-        sock = self._open(service, timeout)
+        so they can tell how far the operation got.
+
+        A ``sync:`` stream is taken from, and after a complete exchange given back to, the streams
+        kept by :meth:`keep_sync` while such a block runs; any failure closes it."""
+        sync = service == "sync:"
+        sock = self._take_sync() if sync else None
+        if sock is None:
+            sock = self._open(service, timeout)
+        completed = False
         try:
             yield sock
+            completed = True
         except (TimeoutError, _Deadline):
             raise self._error(DeviceTimeout, timed_out()) from None
         except (EOFError, OSError) as e:
             raise self._lost(what(), e) from None
         finally:
-            sock.close()  # adbd sees the stream close (and hangs up on a still-running command)
+            if not (sync and completed and self._give_back_sync(sock)):
+                sock.close()  # adbd sees the stream close (and hangs up on a still-running command)
+
+    # -- sync stream reuse --------------------------------------------------------------------------
+
+    @contextmanager
+    def keep_sync(self) -> Iterator[None]:
+        """Within this block, pushes and reads of this device reuse sync streams: one that completed
+        its exchange stays open for the next, as adb's own client pushes many files over one sync
+        session; they are closed when the (outermost) block ends. Opening a stream costs a round trip
+        to the server and the device a new sync service (a virtual device: a worker process; 120 ms
+        of a 96 MiB push right after a large one, measured). Scoped, not for the transport's life,
+        because a device fixes some things when a session opens (a virtual device's free space and
+        disk faults), and an idle session holds a service on the device."""
+        with self._sync_lock:
+            self._sync_keepers += 1
+        try:
+            yield
+        finally:
+            with self._sync_lock:
+                self._sync_keepers -= 1
+                idle = self._sync_idle if self._sync_keepers == 0 else []
+                if self._sync_keepers == 0:
+                    self._sync_idle = []
+            for sock in idle:
+                sock.close()
+
+    def _take_sync(self) -> socket.socket | None:
+        """A kept sync stream that is still open, if any (a device that rebooted or an adb server that
+        restarted has closed it: it then reads as EOF)."""
+        while True:
+            with self._sync_lock:
+                if not self._sync_idle:
+                    return None
+                sock = self._sync_idle.pop()
+            if _still_open(sock):
+                return sock
+            sock.close()
+
+    def _give_back_sync(self, sock: socket.socket) -> bool:
+        with self._sync_lock:
+            if self._sync_keepers == 0:
+                return False
+            self._sync_idle.append(sock)
+            return True
 
     # -- shell --------------------------------------------------------------------------------------
 

@@ -66,6 +66,30 @@ def test_first_deploy_pushes_second_pushes_nothing(farm2, tmp_path, monkeypatch)
     assert second.files_hashed == 0  # the record was trusted: nothing re-read on the device
 
 
+def test_first_deploy_reuses_its_sync_streams(farm2, tmp_path, monkeypatch):
+    """A deploy opens at most one sync stream per push in flight (files and record share them), not
+    one per file: each new stream costs the device a sync service."""
+    from farm.deploy import IN_FLIGHT
+
+    vf, recs = farm2
+    bundle = bundle_mod.load(make_qnn_bundle(tmp_path / "b", name="stream-reuse"))
+    device = _device(vf, recs["SM8550"])
+    device.props()
+    opened: list[str] = []
+    real_open = type(device)._open
+
+    def counting_open(self, service, timeout):
+        if service == "sync:":
+            opened.append(service)
+        return real_open(self, service, timeout)
+
+    monkeypatch.setattr(type(device), "_open", counting_open)
+    report = deploy(device, bundle)
+    assert report.files_pushed >= IN_FLIGHT + 1  # more files than streams: reuse is observable
+    assert 1 <= len(opened) <= IN_FLIGHT
+    assert device._sync_idle == []  # closed when the deploy ended
+
+
 def test_file_altered_on_device_is_pushed_again(farm2, tmp_path):
     vf, recs = farm2
     bundle = bundle_mod.load(make_qnn_bundle(tmp_path / "b", name="alter-test"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import socket
 import time
 
@@ -90,6 +91,63 @@ def test_push_and_read_roundtrip(farm4):
     assert device.read_file(target) == payload
     with pytest.raises(AdbError, match="cannot read"):
         device.read_file(f"{device.workspace}/roundtrip/missing")
+
+
+def _counting_sync_opens(device, monkeypatch) -> list[str]:
+    opened: list[str] = []
+    real_open = type(device)._open
+
+    def counting_open(self, service, timeout):
+        if service == "sync:":
+            opened.append(service)
+        return real_open(self, service, timeout)
+
+    monkeypatch.setattr(type(device), "_open", counting_open)
+    return opened
+
+
+def test_keep_sync_carries_several_pushes_over_one_stream(farm4, monkeypatch):
+    vf, records = farm4
+    device = find_device([vf.adb_server], records[1].serial)
+    opened = _counting_sync_opens(device, monkeypatch)
+    files = {f"{device.workspace}/kept/{name}": os.urandom(size)
+             for name, size in (("a.bin", 300_000), ("b b.bin", 70_000), ("c.bin", 0))}
+    with device.keep_sync():
+        for remote, data in files.items():
+            assert device.push(io.BytesIO(data), remote, timeout=10) == len(data)
+        assert [device.read_file(remote) for remote in files] == list(files.values())
+    assert opened == ["sync:"]
+    # Outside the block every operation has its stream again, and nothing was left open.
+    device.read_file(next(iter(files)))
+    assert opened == ["sync:", "sync:"]
+
+
+def test_keep_sync_drops_a_stream_after_a_failure_and_goes_on(farm4, monkeypatch):
+    vf, records = farm4
+    device = find_device([vf.adb_server], records[1].serial)
+    opened = _counting_sync_opens(device, monkeypatch)
+    good = f"{device.workspace}/kept-fail/ok.bin"
+    with device.keep_sync():
+        device.push(io.BytesIO(b"one"), good, timeout=10)
+        with pytest.raises(AdbError, match="cannot read"):
+            device.read_file(f"{device.workspace}/kept-fail/missing")  # FAIL ends the session
+        device.push(io.BytesIO(b"two"), good, timeout=10)
+        assert device.read_file(good) == b"two"
+    assert opened == ["sync:", "sync:"]
+
+
+def test_keep_sync_notices_a_kept_stream_the_device_closed(tmp_path, monkeypatch):
+    with VirtualFarm(home=tmp_path / "farm") as vf:
+        (record,) = vf.up([VirtualDeviceSpec(soc="SM8650")])
+        device = find_device([vf.adb_server], record.serial)
+        opened = _counting_sync_opens(device, monkeypatch)
+        remote = f"{device.workspace}/kept-reboot/x.bin"
+        with device.keep_sync():
+            device.push(io.BytesIO(b"before"), remote, timeout=10)
+            vf.reboot(record.serial)  # every stream of the device ends
+            device.push(io.BytesIO(b"after"), remote, timeout=30)
+            assert device.read_file(remote) == b"after"
+        assert opened == ["sync:", "sync:"]
 
 
 def test_timeout_kills_the_command_and_the_device_stays_usable(farm4):
