@@ -107,6 +107,9 @@ def main() -> int:
     for name in list(mbps)[1:]:
         print(f"  ratio {name} / adb push: {mbps[name] / mbps['adb push']:.2f}")
     print(f"  farm deploy (warm, nothing to push): best {min(warm) * 1000:.0f} ms")
+    print("summary: " + ", ".join(f"{name} {mbps[name] / mbps['adb push']:.2f}x adb push"
+                                  for name in list(mbps)[1:])
+          + f"; warm deploy {min(warm) * 1000:.0f} ms")
     return 0
 
 

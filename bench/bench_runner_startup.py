@@ -73,8 +73,10 @@ def main() -> int:
         server = subprocess.Popen(zygote.zygote_argv(sock, exit_with_pid=os.getpid()),
                                   env=procs.farm_env(), start_new_session=True)
         try:
-            if not zygote.wait_ready(sock, timeout=300):
-                raise SystemExit("the zygote did not start")
+            deadline = time.monotonic() + 300
+            while not zygote.wait_ready(sock, timeout=0.5):  # fail fast if the zygote died
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the zygote did not start (exit {server.poll()})")
             print(f"# {args.model}, kv mode, seq_len 64, {args.repeats} runs each, interleaved; "
                   f"zygote ready in {time.perf_counter() - t0:.2f} s (once per device)", flush=True)
             base = procs.farm_env()

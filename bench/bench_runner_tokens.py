@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import os
-import shutil
-import tempfile
 import statistics
 import sys
 import time
@@ -35,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from farm import bundle as bundle_mod  # noqa: E402
-from farm.export import _export_into, cache_key, default_cache_dir, export_bundle  # noqa: E402
+from farm.export import export_bundle, export_config  # noqa: E402
 from farm.model.config import CONFIGS  # noqa: E402
 from farm.runner.engine import LlamaRunner  # noqa: E402
 from farm.runner.io_manager import UPDATERS  # noqa: E402
@@ -123,17 +121,9 @@ def bundle_with_context(name: str, context: int) -> Path:
         return export_bundle(name)
     cfg = replace(cfg, name=f"{name}-ctx{context}", max_seq_len=context,
                   prefill_ar_len=min(cfg.prefill_ar_len, context // 2))
-    final = default_cache_dir() / f"reference-{cfg.name}-{cache_key(cfg)}"
-    if not (final / "manifest.json").is_file():
-        print(f"# exporting {cfg.name} into {final} (once; minutes on a busy 2-core host)", flush=True)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-        try:
-            _export_into(cfg, staging)
-            os.rename(staging, final)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return final / "manifest.json"
+    return export_config(cfg, on_step=lambda what, step, steps: print(
+        f"# exporting {cfg.name} (once; minutes on a busy 2-core host): {step}/{steps} {what}",
+        flush=True))
 
 
 def runner_for(manifest: Path, mode: str, updater: str) -> LlamaRunner:

@@ -41,7 +41,7 @@ def measure(runner: LlamaRunner, seq_len: int) -> tuple[float, float, list[int]]
     return s.tokens_per_second(), (s.generated_tokens - 1) / decode_s, gen.generated_ids
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--configs", default="tiny,small")
     ap.add_argument("--repeats", type=int, default=3)
@@ -50,6 +50,8 @@ def main() -> None:
     contexts = {"tiny": {"short": 64, "long": 128}, "small": {"short": 256, "long": args.long_small}}
     print(f"{'config':6} {'mode':6} {'ctx':>5} | {'SM overall':>10} {'SP overall':>10} {'SM/SP':>6} | "
           f"{'SM decode':>9} {'SP decode':>9} {'SM/SP':>6} | same tokens")
+    ratios: list[str] = []
+    all_same = True
     for name in args.configs.split(","):
         t0 = time.monotonic()
         manifest = export_bundle(name)
@@ -76,7 +78,12 @@ def main() -> None:
                 print(f"{name:6} {mode:6} {seq_len:>5} | {sm[0]:>10.1f} {sp[0]:>10.1f} "
                       f"{sm[0] / sp[0]:>6.2f} | {sm[1]:>9.1f} {sp[1]:>9.1f} {sm[1] / sp[1]:>6.2f} | "
                       f"{same}", flush=True)
+                ratios.append(f"{name}/{mode}/{seq_len} x{sm[0] / sp[0]:.2f}")
+                all_same = all_same and same
+    print(f"summary: SmartMask/ShiftPointer tok/s {', '.join(ratios)}; "
+          f"same tokens everywhere: {all_same}")
+    return 0 if all_same else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

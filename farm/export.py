@@ -59,7 +59,10 @@ def default_cache_dir() -> Path:
 
 def bundle_dir(config_name: str, out_dir: str | os.PathLike | None = None) -> Path:
     """Where the bundle of this config lives in the cache (whether or not it was exported yet)."""
-    cfg = resolve_config(config_name)
+    return _bundle_dir_of(resolve_config(config_name), out_dir)
+
+
+def _bundle_dir_of(cfg: LlamaConfig, out_dir: str | os.PathLike | None) -> Path:
     root = Path(out_dir) if out_dir else default_cache_dir()
     return root / f"reference-{cfg.name}-{cache_key(cfg)}"
 
@@ -74,8 +77,14 @@ STEPS = ("training the tokenizer", "lowering the kv program", "lowering the hybr
 def export_bundle(config_name: str = "tiny", out_dir: str | os.PathLike | None = None, *,
                   on_step: StepCallback | None = None) -> Path:
     """Export (or find in the cache) the reference bundle; returns the manifest's path."""
-    cfg = resolve_config(config_name)
-    final = bundle_dir(config_name, out_dir)
+    return export_config(resolve_config(config_name), out_dir, on_step=on_step)
+
+
+def export_config(cfg: LlamaConfig, out_dir: str | os.PathLike | None = None, *,
+                  on_step: StepCallback | None = None) -> Path:
+    """``export_bundle`` of a config that need not be one of the named ones (a benchmark's variant
+    with another context length), cached under its own name and key."""
+    final = _bundle_dir_of(cfg, out_dir)
     root = final.parent
     manifest = final / MANIFEST
     if manifest.is_file():

@@ -286,6 +286,23 @@ def test_serving_stops_when_the_socket_file_is_removed_or_replaced(tmp_path):
         assert path.exists() == replace  # close() removes only a socket file that is still its own
 
 
+def test_a_socket_deeper_than_a_unix_address_still_serves(tmp_path):
+    """CI's and pytest's temporary directories easily pass the 107 bytes of sun_path: bind and
+    connect then name the socket through the directory's descriptor."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = deep / "z.sock"
+    assert len(os.fsencode(str(path))) > zygote_mod.SUN_PATH_MAX
+    z = zygote_mod.Zygote(str(path), owner_pid=None)
+    thread = serve_in_thread(z)
+    assert stat.S_ISSOCK(path.stat().st_mode) and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert zygote_mod.wait_ready(path, timeout=5)
+    path.unlink()
+    thread.join(DEADLINE_S)
+    assert not thread.is_alive()
+    z.close()
+
+
 def test_serving_stops_when_the_owner_is_gone(tmp_path):
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

@@ -215,8 +215,16 @@ class Pool:
         """A write transaction that first settles the pool (expired leases, stale waiters, free devices
         to waiters) and hands out whatever the body freed before it commits."""
         with self.store.write() as txn:
-            reclaim_expired(txn)
-            if self.liveness_s is not None:
+            # One round trip asks whether anything needs settling; usually nothing does, and every
+            # round trip here is spent holding the pool lock.
+            due = txn.one("SELECT EXISTS (SELECT 1 FROM leases WHERE ended IS NULL AND expires < ?) "
+                          "AS expired, EXISTS (SELECT 1 FROM devices WHERE state = ? "
+                          "AND last_seen < ?) AS stale",
+                          (txn.now, AVAILABLE, txn.now - (self.liveness_s or 0.0)))
+            assert due is not None
+            if due["expired"]:
+                reclaim_expired(txn)
+            if self.liveness_s is not None and due["stale"]:
                 health.mark_stale(txn, self.liveness_s)
             if time.monotonic() - self._stale_checked > self.waiter_stale_s / 10:
                 self._drop_stale_waiters(txn)

@@ -40,6 +40,7 @@ This module's top level imports only the standard library: the client side must 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import selectors
@@ -48,6 +49,8 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from farm.runner.main import PROG
 
@@ -116,11 +119,35 @@ class NotAnswering(Exception):
     """The zygote could not take the run; nothing ran, so the caller runs it in-process."""
 
 
+# sun_path holds 108 bytes with its NUL; a deeper path (a test's or CI's temporary directory) is
+# reached through the directory's descriptor instead.
+SUN_PATH_MAX = 107
+
+
+@contextmanager
+def _unix_address(path: str) -> Iterator[str]:
+    """``path``, or where it is too long for a Unix socket address, the same file named through
+    ``/proc/self/fd/N/`` of its directory opened with O_PATH (bind and connect resolve it the same)."""
+    if len(os.fsencode(path)) <= SUN_PATH_MAX:
+        yield path
+        return
+    directory, name = os.path.split(os.path.abspath(path))
+    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+    try:
+        short = f"/proc/self/fd/{fd}/{name}"
+        if len(os.fsencode(short)) > SUN_PATH_MAX:
+            raise OSError(errno.ENAMETOOLONG, f"socket name too long: {name!r}")
+        yield short
+    finally:
+        os.close(fd)
+
+
 def _connect(path: str, timeout: float | None) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         sock.settimeout(timeout)
-        sock.connect(path)
+        with _unix_address(path) as address:
+            sock.connect(address)
     except BaseException:
         sock.close()
         raise
@@ -277,7 +304,8 @@ class Zygote:
     def bind(self) -> None:
         """Bind beside the path and rename into place: the path answers as soon as it exists."""
         tmp = f"{self.path}.{os.getpid()}.tmp"
-        self.listener.bind(tmp)
+        with _unix_address(tmp) as address:
+            self.listener.bind(address)
         os.chmod(tmp, 0o600)
         self.listener.listen(64)
         os.rename(tmp, self.path)
