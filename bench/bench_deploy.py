@@ -1,7 +1,7 @@
 """First deploy of a 1 GiB bundle against `adb push` of the same files to the same virtual device;
 redeploy of the unchanged bundle; peak RSS of the deploying process.
 
-    python bench/bench_deploy.py [--pte-mb 800] [--lib-mb 96,64,48,16] [--rounds 3]
+    python bench/bench_deploy.py [--pte-mb 800] [--lib-mb 96,64,48,16] [--rounds 5]
 
 The bundle is synthetic (random bytes: one .pte and a few libraries, a manifest with their sha256) in a
 temporary directory under /tmp, deleted at the end. Each round runs, interleaved so drift on a shared
@@ -96,7 +96,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pte-mb", type=int, default=800)
     parser.add_argument("--lib-mb", default="96,64,48,16")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--child", nargs=4, metavar=("MANIFEST", "PORT", "SERIAL", "MODE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -100,7 +100,7 @@ class OneSlotOffShiftPointer(ShiftPointerIoMgr):
     def _store(self, new_k, new_v, n):
         cl, hd, p = self.cache_len, self.shape.head_dim, self.n_past
         for kb, vb, k, v in zip(self.k_buf, self.v_buf, new_k, new_v):
-            kb.as_strided((hd, n), (cl, 1), p + cl - 1).copy_(k[0, :, :n])
+            kb.as_strided((hd, n), (cl, 1), kb.storage_offset() + p + cl - 1).copy_(k[0, :, :n])
             vb[(p + cl) * hd : (p + cl + n) * hd] = v[0, :n].reshape(-1)
 
 

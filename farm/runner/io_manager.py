@@ -65,9 +65,6 @@ class IoMgr:
         self.n_past = 0
         self.ar_len = ar_lens[0]
         self._allocate()
-        # numpy views of the caches (same memory), for the per-step copies.
-        self._k_np = [b.numpy() for b in self.k_buf]
-        self._v_np = [b.numpy() for b in self.v_buf]
         self.mask = self._fresh_mask()
         self._step_buffers()
 
@@ -170,8 +167,10 @@ class SmartMaskIoMgr(IoMgr):
     def _allocate(self) -> None:
         s = self.shape
         biggest = s.max_seq_len - self.min_ar_len
-        self.k_buf = [torch.zeros(s.head_dim * biggest) for _ in range(s.n_caches)]
-        self.v_buf = [torch.zeros(biggest * s.head_dim) for _ in range(s.n_caches)]
+        # One fixed buffer per cache (rows of one allocation, so that a step's store is one copy).
+        self._k_all = torch.zeros(s.n_caches, s.head_dim * biggest)
+        self._v_all = torch.zeros(s.n_caches, biggest * s.head_dim)
+        self.k_buf, self.v_buf = list(self._k_all.unbind(0)), list(self._v_all.unbind(0))
 
     # The buffers never move: their views are built once per cache_len (i.e. per method).
     def k_inputs(self) -> list[torch.Tensor]:
@@ -192,10 +191,10 @@ class SmartMaskIoMgr(IoMgr):
         return slice(n_past, n_past + n)
 
     def _store(self, new_k, new_v, n) -> None:
-        pos, cl, hd = self.n_past, self.cache_len, self.shape.head_dim
-        for kb, vb, k, v in zip(self._k_np, self._v_np, new_k, new_v):
-            kb[: hd * cl].reshape(hd, cl)[:, pos : pos + n] = k.numpy()[0, :, :n]
-            vb[pos * hd : (pos + n) * hd] = v.numpy()[0, :n].reshape(-1)
+        pos, cl, hd, m = self.n_past, self.cache_len, self.shape.head_dim, self.shape.n_caches
+        # Every cache at once: K columns pos..pos+n of each [head_dim, cl] view, V rows pos..pos+n.
+        self._k_all[:, : hd * cl].view(m, hd, cl)[:, :, pos : pos + n] = torch.stack(new_k)[:, 0, :, :n]
+        self._v_all[:, pos * hd : (pos + n) * hd] = torch.stack(new_v)[:, 0, :n].reshape(m, n * hd)
 
     def _rearrange(self, old_cache_len: int, new_cache_len: int) -> None:
         hd, n = self.shape.head_dim, self.n_past
@@ -211,31 +210,36 @@ class ShiftPointerIoMgr(IoMgr):
     def _allocate(self) -> None:
         s = self.shape
         biggest = s.max_seq_len - self.min_ar_len
-        self.k_buf = [torch.zeros((s.head_dim + 1) * biggest) for _ in range(s.n_caches)]
+        # One buffer per cache (rows of one allocation: a step's windows are one as_strided call).
+        self._k_all = torch.zeros(s.n_caches, (s.head_dim + 1) * biggest)
         # Window (cache_len rows) at n_past, then the step's output rows right after it.
-        self.v_buf = [torch.zeros((2 * biggest + self.max_ar_len) * s.head_dim)
-                      for _ in range(s.n_caches)]
+        self._v_all = torch.zeros(s.n_caches, (2 * biggest + self.max_ar_len) * s.head_dim)
+        self.k_buf, self.v_buf = list(self._k_all.unbind(0)), list(self._v_all.unbind(0))
 
     def k_inputs(self) -> list[torch.Tensor]:
-        cl, hd = self.cache_len, self.shape.head_dim
-        # The pointer moves, the data does not: a contiguous window starting at element n_past.
-        return [b.as_strided((1, hd, cl), (hd * cl, cl, 1), self.n_past) for b in self.k_buf]
+        cl, hd, m = self.cache_len, self.shape.head_dim, self.shape.n_caches
+        # The pointer moves, the data does not: in each cache's buffer, a contiguous window starting
+        # at element n_past.
+        return list(self._k_all.as_strided((m, 1, hd, cl), (self._k_all.stride(0), hd * cl, cl, 1),
+                                           self._k_all.storage_offset() + self.n_past).unbind(0))
 
     def v_inputs(self) -> list[torch.Tensor]:
-        cl, hd = self.cache_len, self.shape.head_dim
-        return [b.as_strided((1, cl, hd), (cl * hd, hd, 1), self.n_past * hd) for b in self.v_buf]
+        cl, hd, m = self.cache_len, self.shape.head_dim, self.shape.n_caches
+        return list(self._v_all.as_strided((m, 1, cl, hd), (self._v_all.stride(0), cl * hd, hd, 1),
+                                           self._v_all.storage_offset() + self.n_past * hd).unbind(0))
 
     def _attend_columns(self, n_past: int, n: int) -> slice:
         cl = self.cache_len
         return slice(cl - n_past - n, cl - n_past)
 
     def _store(self, new_k, new_v, n) -> None:
-        cl, hd, p = self.cache_len, self.shape.head_dim, self.n_past
-        for kb, vb, k, v in zip(self._k_np, self._v_np, new_k, new_v):
-            # Row d's n new entries at p + (d+1)*cl: the tail of row d in the window at p+n. Seen as
-            # rows of cl elements, that is rows 1..hd, columns p..p+n (p + n <= cl).
-            kb[: (hd + 1) * cl].reshape(hd + 1, cl)[1:, p : p + n] = k.numpy()[0, :, :n]
-            vb[(p + cl) * hd : (p + cl + n) * hd] = v.numpy()[0, :n].reshape(-1)
+        cl, hd, p, m = self.cache_len, self.shape.head_dim, self.n_past, self.shape.n_caches
+        # Row d's n new entries at p + (d+1)*cl: the tail of row d in the window at p+n. Seen as rows
+        # of cl elements, that is rows 1..hd, columns p..p+n (p + n <= cl); every cache at once.
+        k_rows = self._k_all[:, : (hd + 1) * cl].view(m, hd + 1, cl)
+        k_rows[:, 1:, p : p + n] = torch.stack(new_k)[:, 0, :, :n]
+        self._v_all[:, (p + cl) * hd : (p + cl + n) * hd] = \
+            torch.stack(new_v)[:, 0, :n].reshape(m, n * hd)
 
     def _rearrange(self, old_cache_len: int, new_cache_len: int) -> None:
         hd, n = self.shape.head_dim, self.n_past
@@ -243,9 +247,10 @@ class ShiftPointerIoMgr(IoMgr):
             return
         # With the window at n_past, row d's valid entries sit at [(d+1)*cl, (d+1)*cl + n_past) and
         # V's valid rows at [cl, cl + n_past): both move with cache_len.
-        for kb in self.k_buf:
-            kept = kb.as_strided((hd, n), (old_cache_len, 1), old_cache_len).clone()
-            kb.as_strided((hd, n), (new_cache_len, 1), new_cache_len).copy_(kept)
+        for kb in self.k_buf:  # (as_strided's offset counts from the start of the allocation)
+            base = kb.storage_offset()
+            kept = kb.as_strided((hd, n), (old_cache_len, 1), base + old_cache_len).clone()
+            kb.as_strided((hd, n), (new_cache_len, 1), base + new_cache_len).copy_(kept)
         for vb in self.v_buf:
             kept = vb[old_cache_len * hd : (old_cache_len + n) * hd].clone()
             vb[new_cache_len * hd : (new_cache_len + n) * hd] = kept
