@@ -1,4 +1,5 @@
-"""Helpers of the device-layer tests: hand-made bundles and a fake runner that reports its argv."""
+"""Helpers of the device-layer tests: hand-made bundles, a fake runner that reports its argv, and a
+counter of the sync streams a device opens."""
 
 from __future__ import annotations
 
@@ -106,3 +107,17 @@ def alongside(fn):
         yield thread
     finally:
         thread.join()
+
+
+def counting_sync_opens(device, monkeypatch) -> list[str]:
+    """The ``sync:`` streams ``device`` (a farm.devices.Device) opens from now on, one entry each."""
+    opened: list[str] = []
+    real_open = type(device)._open
+
+    def counting_open(self, service, timeout):
+        if service == "sync:":
+            opened.append(service)
+        return real_open(self, service, timeout)
+
+    monkeypatch.setattr(type(device), "_open", counting_open)
+    return opened

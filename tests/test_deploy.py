@@ -15,7 +15,7 @@ from farm.deploy import PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace, deploy
 from farm.devices import find_device
 from farm.errors import AdbError, InfraError, UsageError
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
-from tests.device_helpers import make_qnn_bundle
+from tests.device_helpers import counting_sync_opens, make_qnn_bundle
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +75,7 @@ def test_first_deploy_reuses_its_sync_streams(farm2, tmp_path, monkeypatch):
     bundle = bundle_mod.load(make_qnn_bundle(tmp_path / "b", name="stream-reuse"))
     device = _device(vf, recs["SM8550"])
     device.props()
-    opened: list[str] = []
-    real_open = type(device)._open
-
-    def counting_open(self, service, timeout):
-        if service == "sync:":
-            opened.append(service)
-        return real_open(self, service, timeout)
-
-    monkeypatch.setattr(type(device), "_open", counting_open)
+    opened = counting_sync_opens(device, monkeypatch)
     report = deploy(device, bundle)
     assert report.files_pushed >= IN_FLIGHT + 1  # more files than streams: reuse is observable
     assert 1 <= len(opened) <= IN_FLIGHT

@@ -24,6 +24,7 @@ from farm.devices import (
 )
 from farm.errors import AdbError, DeviceGone, DeviceTimeout, InfraError, UsageError
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
+from tests.device_helpers import counting_sync_opens
 
 
 @pytest.fixture(scope="module")
@@ -93,23 +94,10 @@ def test_push_and_read_roundtrip(farm4):
         device.read_file(f"{device.workspace}/roundtrip/missing")
 
 
-def _counting_sync_opens(device, monkeypatch) -> list[str]:
-    opened: list[str] = []
-    real_open = type(device)._open
-
-    def counting_open(self, service, timeout):
-        if service == "sync:":
-            opened.append(service)
-        return real_open(self, service, timeout)
-
-    monkeypatch.setattr(type(device), "_open", counting_open)
-    return opened
-
-
 def test_keep_sync_carries_several_pushes_over_one_stream(farm4, monkeypatch):
     vf, records = farm4
     device = find_device([vf.adb_server], records[1].serial)
-    opened = _counting_sync_opens(device, monkeypatch)
+    opened = counting_sync_opens(device, monkeypatch)
     files = {f"{device.workspace}/kept/{name}": os.urandom(size)
              for name, size in (("a.bin", 300_000), ("b b.bin", 70_000), ("c.bin", 0))}
     with device.keep_sync():
@@ -125,7 +113,7 @@ def test_keep_sync_carries_several_pushes_over_one_stream(farm4, monkeypatch):
 def test_keep_sync_drops_a_stream_after_a_failure_and_goes_on(farm4, monkeypatch):
     vf, records = farm4
     device = find_device([vf.adb_server], records[1].serial)
-    opened = _counting_sync_opens(device, monkeypatch)
+    opened = counting_sync_opens(device, monkeypatch)
     good = f"{device.workspace}/kept-fail/ok.bin"
     with device.keep_sync():
         device.push(io.BytesIO(b"one"), good, timeout=10)
@@ -140,7 +128,7 @@ def test_keep_sync_notices_a_kept_stream_the_device_closed(tmp_path, monkeypatch
     with VirtualFarm(home=tmp_path / "farm") as vf:
         (record,) = vf.up([VirtualDeviceSpec(soc="SM8650")])
         device = find_device([vf.adb_server], record.serial)
-        opened = _counting_sync_opens(device, monkeypatch)
+        opened = counting_sync_opens(device, monkeypatch)
         remote = f"{device.workspace}/kept-reboot/x.bin"
         with device.keep_sync():
             device.push(io.BytesIO(b"before"), remote, timeout=10)
