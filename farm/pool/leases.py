@@ -101,10 +101,13 @@ class _Outcome:
     remaining_s: float = 0.0  # the lease's time left, pool clock, when the transaction began
 
 
+# The queue's service order in SQL: QueueEntry.rank, priority (highest first), then arrival.
+SERVICE_ORDER = "ORDER BY priority DESC, id"
+
+
 def waiting(txn: Txn) -> list[QueueEntry]:
     """The queue in service order: priority (highest first), then arrival."""
-    entries = [queue_from_row(r) for r in txn.all("SELECT * FROM queue")]
-    return sorted(entries, key=lambda q: q.rank)
+    return [queue_from_row(r) for r in txn.all(f"SELECT * FROM queue {SERVICE_ORDER}")]
 
 
 def dispatch(txn: Txn, liveness_s: float | None = None) -> dict[int, str]:
@@ -121,10 +124,9 @@ def dispatch(txn: Txn, liveness_s: float | None = None) -> dict[int, str]:
                       "ORDER BY state_since, serial", (AVAILABLE, seen_since))
     if not devices:
         return {}
-    # Service order in SQL (QueueEntry.rank), and a row parsed only when a device reaches it: this
-    # runs under the pool lock, and with a long queue parsing every waiter's request on every
-    # release was most of the lock's hold time.
-    rows = txn.all("SELECT * FROM queue ORDER BY priority DESC, id")
+    # A queued row is parsed only when a device reaches it: this runs under the pool lock, and with
+    # a long queue parsing every waiter's request on every release was most of the lock's hold time.
+    rows = txn.all(f"SELECT * FROM queue {SERVICE_ORDER}")
     entries: list[QueueEntry | None] = [None] * len(rows)
     granted: dict[int, str] = {}
     for row in devices:
