@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from pathlib import Path
 
 from farm.bundle import Bundle, Mode, describe_file
@@ -121,3 +122,28 @@ def counting_sync_opens(device, monkeypatch) -> list[str]:
 
     monkeypatch.setattr(type(device), "_open", counting_open)
     return opened
+
+
+def wait_for_sync_sessions_to_end(vf, serial: str, timeout: float = 20.0) -> None:
+    """Wait until a virtual device serves no sync session: only the one worker it keeps started ahead
+    of need is left (farm.virtual.syncpump.WarmWorkers). A session's worker removes the temporary file
+    of a push cut off mid-way when its input ends, as adbd does, but on a loaded machine it may not
+    even have created that file yet when the client has gone: looking for the file alone races."""
+    import psutil
+
+    device = psutil.Process(vf.device(serial).pid)
+    deadline = time.monotonic() + timeout
+    while True:
+        workers = []
+        for proc in device.children(recursive=True):
+            try:
+                if proc.cmdline()[1:4] == ["-S", "-m", "farm.virtual.syncd"]:  # not nsenter's
+                    workers.append(proc)
+            except psutil.Error:
+                continue  # gone meanwhile
+        if len(workers) <= 1:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"device {serial}: {len(workers)} sync workers still running "
+                                 f"after {timeout:g} s")
+        time.sleep(0.05)

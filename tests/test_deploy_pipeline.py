@@ -27,6 +27,7 @@ from farm.deploy import IN_FLIGHT, PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace
 from farm.devices import find_device
 from farm.errors import AdbError, UsageError
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
+from tests.device_helpers import wait_for_sync_sessions_to_end
 from tests.support.fake_device import FakeDevice
 
 MB = 1 << 20
@@ -72,14 +73,11 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _nothing_claims_completion(ws: Path, before: set[str]) -> None:
-    """No new file under a real name, no partial file, no record. A device's sync service removes
-    the temporary file of a push cut off mid-way itself, a moment after the client has gone (as
-    adbd does): that one is waited for, briefly, before looking."""
-    deadline = time.monotonic() + 10
-    while ws.exists() and any(".ptefarm-partial-" in p.name for p in ws.iterdir()) and \
-            time.monotonic() < deadline:
-        time.sleep(0.05)
+def _nothing_claims_completion(device, ws: Path, before: set[str]) -> None:
+    """No new file under a real name, no partial file, no record, once the device's sync sessions
+    have ended (a device's sync service removes the temporary file of a push cut off mid-way itself,
+    when its session ends, as adbd does)."""
+    wait_for_sync_sessions_to_end(device.vf, device.serial)
     names = {p.name for p in ws.iterdir()} if ws.exists() else set()
     assert not [n for n in names if PARTIAL_SUFFIX in n]
     assert RECORD_NAME not in names
@@ -168,7 +166,7 @@ def test_a_host_file_changed_while_pushed_is_refused(device, tmp_path, digest_pa
     with pytest.raises(UsageError, match="model.pte changed"):
         deploy(device, bundle, on_progress=change_once)
     assert changed.is_set()
-    _nothing_claims_completion(_ws(device, bundle), set())
+    _nothing_claims_completion(device, _ws(device, bundle), set())
 
 
 @pytest.mark.parametrize("how", ["a push fails", "ctrl-c"])
@@ -201,7 +199,7 @@ def test_an_interrupted_deploy_leaves_nothing_that_claims_to_be_complete(device,
         deploy(counting, bundle, on_progress=interrupt)
     assert small_done.is_set()
     assert counting.active == 0  # no push still running once deploy has returned
-    _nothing_claims_completion(ws, {"stale.txt"})
+    _nothing_claims_completion(device, ws, {"stale.txt"})
 
     report = deploy(device, bundle)  # the next deploy starts from scratch and completes
     assert sorted(report.pushed) == sorted(SIZES)

@@ -28,7 +28,7 @@ from farm.errors import AdbError, InfraError, RunIncomplete, UsageError
 from farm.run import RunnerFailed, RunResult, check_complete, run
 from farm.runprofile import RunnerCommand, RunRequest
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
-from tests.device_helpers import make_qnn_bundle, write
+from tests.device_helpers import make_qnn_bundle, wait_for_sync_sessions_to_end, write
 
 
 def _sha(data: bytes) -> str:
@@ -241,6 +241,7 @@ def test_deploy_refuses_corrupt_host_file_then_pushes_the_restored_one(device_fa
     assert str(pte) in message and _sha(good) in message and bad_sha in message
     ws = _ws(vf, device, bundle)
     assert not (ws / "kv.pte").exists()  # nothing corrupt under the real name
+    wait_for_sync_sessions_to_end(vf, rec.serial)  # an aborted push's device temp file goes with it
     assert not [p for p in ws.iterdir() if PARTIAL_SUFFIX in p.name]
     assert not (ws / RECORD_NAME).exists() or "kv.pte" not in _record(ws)
 
@@ -268,6 +269,7 @@ def test_a_corrupt_file_never_replaces_a_good_one_on_the_device(device_farm, tmp
     with pytest.raises(UsageError, match="manifest says"):
         deploy(device, bundle)
     assert (ws / "kv.pte").read_bytes() == b"x" * len(good)  # not replaced by the corrupt bytes
+    wait_for_sync_sessions_to_end(vf, rec.serial)
     assert not [p for p in ws.iterdir() if PARTIAL_SUFFIX in p.name]
     pte.write_bytes(good)
     assert "kv.pte" in deploy(device, bundle).pushed
@@ -329,6 +331,7 @@ def test_full_device_is_infra_naming_device_and_bytes(tmp_path):
         assert record.serial in message and f"needs {need} bytes" in message, message
         ws = _ws(vf, device, bundle)
         assert not (ws / RECORD_NAME).exists()  # nothing half-deployed counted as deployed
+        wait_for_sync_sessions_to_end(vf, record.serial)
         assert not [p for p in ws.iterdir() if PARTIAL_SUFFIX in p.name]
         vf.clear_faults(record.serial)
         deploy(device, bundle, timeout=10)
