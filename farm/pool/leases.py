@@ -217,12 +217,14 @@ class Pool:
         """A write transaction that first settles the pool (expired leases, stale waiters, free devices
         to waiters) and hands out whatever the body freed before it commits."""
         with self.store.write() as txn:
-            # One round trip asks whether anything needs settling; usually nothing does, and every
-            # round trip here is spent holding the pool lock.
-            due = txn.one("SELECT EXISTS (SELECT 1 FROM leases WHERE ended IS NULL AND expires < ?) "
-                          "AS expired, EXISTS (SELECT 1 FROM devices WHERE state = ? "
-                          "AND last_seen < ?) AS stale",
-                          (txn.now, AVAILABLE, txn.now - (self.liveness_s or 0.0)))
+            # One statement asks whether anything needs settling (usually nothing does), with the
+            # clock in SQL so that it shares the clock's round trip: every round trip here is spent
+            # holding the pool lock. (Its clock is read a moment after txn.now: what it finds due,
+            # the settling below, at txn.now, may find not yet due, and leave for the next write.)
+            due = txn.one(f"SELECT EXISTS (SELECT 1 FROM leases WHERE ended IS NULL AND expires < "
+                          f"{txn.now_sql}) AS expired, EXISTS (SELECT 1 FROM devices WHERE state = ? "
+                          f"AND last_seen < {txn.now_sql} - ?) AS stale",
+                          (AVAILABLE, self.liveness_s or 0.0))
             assert due is not None
             if due["expired"]:
                 reclaim_expired(txn)
@@ -274,10 +276,13 @@ class Pool:
                     if poll == "granted":
                         # Dispatch committed our lease already: reading it needs no write lock.
                         started = fence_clock()
-                        with self.store.read() as txn:
-                            row = txn.one("SELECT * FROM leases WHERE queue_id = ?", (queue_id,))
-                            if row is not None and row["ended"] is None:
-                                outcome = self._outcome_granted(txn, row)
+                        with self.store.read() as txn:  # one round trip for both, and the clock
+                            leases, devices = txn.all_of(
+                                ("SELECT * FROM leases WHERE queue_id = ?", (queue_id,)),
+                                ("SELECT * FROM devices WHERE serial = "
+                                 "(SELECT serial FROM leases WHERE queue_id = ?)", (queue_id,)))
+                            if leases and devices and leases[0]["ended"] is None:
+                                outcome = self._outcome_granted(txn, leases[0], devices[0])
                                 queue_id = None
                                 return self._lease(outcome, ttl, heartbeat_s, started)
                     elif poll == "waiting":
@@ -384,10 +389,11 @@ class Pool:
         return _Outcome(queue_id=queue_id)
 
     @staticmethod
-    def _outcome_granted(txn: Txn, lease_row: dict[str, Any]) -> _Outcome:
-        device = device_from_row(txn.one("SELECT * FROM devices WHERE serial = ?",
-                                         (lease_row["serial"],)))
-        return _Outcome(lease=lease_from_row(lease_row), device=device,
+    def _outcome_granted(txn: Txn, lease_row: dict[str, Any],
+                         device_row: dict[str, Any] | None = None) -> _Outcome:
+        if device_row is None:
+            device_row = txn.one("SELECT * FROM devices WHERE serial = ?", (lease_row["serial"],))
+        return _Outcome(lease=lease_from_row(lease_row), device=device_from_row(device_row),
                         remaining_s=lease_row["expires"] - txn.now)
 
     def _drop_stale_waiters(self, txn: Txn) -> None:

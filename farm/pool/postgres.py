@@ -99,11 +99,15 @@ class PostgresStore(Store):
                 # true): this transaction only, read with the clock at no extra round trip): the
                 # pool lock is held until commit, so otherwise every pool change holds it across an
                 # fsync (milliseconds on a busy disk). _make_durable then flushes outside the lock.
-                cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now, "
-                            "set_config('synchronous_commit', %s, true)",
-                            ("off" if self.flush_outside_lock else "on",))
-                now = cur.fetchone()["now"]
-                yield Txn(cur, now, placeholder="%s", notify_channel=self._channel)
+                # Read lazily: the first statement whose result the body waits for brings the
+                # clock's with it, in the same round trip.
+                clock = conn.cursor()
+                clock.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now, "
+                              "set_config('synchronous_commit', %s, true)",
+                              ("off" if self.flush_outside_lock else "on",))
+                yield Txn(cur, lambda: clock.fetchone()["now"], placeholder="%s",
+                          notify_channel=self._channel, now_sql=self.now_sql,
+                          new_cursor=conn.cursor)
             if self.flush_outside_lock:
                 self._make_durable(conn)
         except psycopg.errors.LockNotAvailable as e:

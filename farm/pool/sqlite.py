@@ -81,7 +81,7 @@ class SqliteStore(Store):
             raise PoolError(f"pool {self.url}: cannot start a transaction within "
                             f"{self._lock_timeout_s:g}s: {e}") from e
         try:
-            txn = Txn(conn.cursor(), time.time())
+            txn = Txn(conn.cursor(), time.time(), now_sql=self.now_sql)
             yield txn
             conn.execute("COMMIT")
         except sqlite3.Error as e:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -29,18 +29,34 @@ from farm.errors import UsageError
 
 
 class Txn:
-    """A transaction: run SQL, get rows as dicts. ``now`` is the pool clock at the transaction start."""
+    """A transaction: run SQL, get rows as dicts. ``now`` is the pool clock at the transaction start.
 
-    def __init__(self, cursor: Any, now: float, placeholder: str = "?",
-                 notify_channel: str | None = None):
+    A backend may read the clock lazily (``now`` a callable): PostgreSQL sends the clock query with
+    the lock and reads its result with the first statement that waits for one, so that the two share
+    a round trip. ``now_sql`` is the pool clock as an SQL expression, for a statement that should not
+    wait for ``now`` (it reads the clock a moment later, never earlier)."""
+
+    def __init__(self, cursor: Any, now: float | Callable[[], float], placeholder: str = "?",
+                 notify_channel: str | None = None, now_sql: str | None = None,
+                 new_cursor: Callable[[], Any] | None = None):
         self._cur = cursor
-        self.now = now
+        self._now: float | None = None if callable(now) else now
+        self._read_now = now if callable(now) else None
+        self.now_sql = now_sql
+        self._new_cursor = new_cursor
         self._placeholder = placeholder
         self._notify_channel = notify_channel
         # Set when a device became available in this transaction: the pool then hands it out.
         self.freed = False
         # Queue ids granted a lease in this transaction, for the backend to wake after commit.
         self.woken: list[int] = []
+
+    @property
+    def now(self) -> float:
+        if self._now is None:
+            assert self._read_now is not None
+            self._now = self._read_now()
+        return self._now
 
     def _sql(self, sql: str) -> str:
         return sql if self._placeholder == "?" else sql.replace("?", self._placeholder)
@@ -56,6 +72,18 @@ class Txn:
     def one(self, sql: str, params: tuple | list = ()) -> dict[str, Any] | None:
         rows = self.all(sql, params)
         return rows[0] if rows else None
+
+    def all_of(self, *queries: tuple[str, tuple | list]) -> list[list[dict[str, Any]]]:
+        """The rows of several independent statements, in order. Each is sent before any result is
+        read: on PostgreSQL (pipeline mode) all of them cost one round trip, not one each."""
+        if self._new_cursor is None:
+            return [self.all(sql, params) for sql, params in queries]
+        cursors = []
+        for sql, params in queries:
+            cur = self._new_cursor()
+            cur.execute(self._sql(sql), tuple(params))
+            cursors.append(cur)
+        return [[dict(r) for r in cur.fetchall()] for cur in cursors]
 
     def wake(self, queue_ids: Iterable[int]) -> None:
         """Wake the waiters of these queue entries once this transaction commits (they were granted a
