@@ -14,6 +14,11 @@ longest test, i.e. ceil(tests / D) * S. A run of the same tests with ``sleep 0``
 overhead that is paid per test (lease acquire/release, heartbeat, fence, reporting) apart from the
 fixed start-up.
 
+Beside each, the floor this host sets (``--no-baseline`` leaves it out): the same number of tests
+sleeping S seconds in the test itself, run by bare pytest-xdist with D workers and the ptefarm plugin
+not loaded, no devices. What the farm adds is the difference between the two; what bare xdist itself
+costs (a Python interpreter, pytest and execnet per worker, on the host's cores) no plugin can remove.
+
 ``--before REV`` measures the plugin (``fixtures/``) of git revision REV beside this checkout's, each
 device count run before then after (the host's load is shared by both), and "before" with pytest's
 plugins as the environment auto-loads them, as REV's ``farm qualify`` ran it. Only the plugin is
@@ -48,6 +53,16 @@ def test_device_work(device, i):
     assert result.exit_code == 0
 '''
 
+BARE_TEST_FILE = '''
+import time
+
+import pytest
+
+@pytest.mark.parametrize("i", range({tests}))
+def test_host_sleep(i):
+    time.sleep({sleep})
+'''
+
 
 def run_once(tmp: Path, devices: int, tests: int, sleep: float, bundle: Path,
              extra: list[str], env: dict[str, str] | None = None) -> float:
@@ -67,6 +82,21 @@ def run_once(tmp: Path, devices: int, tests: int, sleep: float, bundle: Path,
         wall = time.perf_counter() - started
     if proc.returncode != 0 or f"{tests} passed" not in proc.stdout:
         raise SystemExit(f"pytest on {devices} devices failed:\n{explain(proc)}")
+    return wall
+
+
+def run_bare(tmp: Path, workers: int, tests: int, sleep: float, extra: list[str]) -> float:
+    """Wall seconds of the same tests sleeping on the host, under bare pytest-xdist (no ptefarm)."""
+    from tests.plugin_helpers import explain, run_pytest
+
+    work = Path(tempfile.mkdtemp(prefix=f"bare{workers}-", dir=tmp))
+    (work / "test_host_sleep.py").write_text(BARE_TEST_FILE.format(tests=tests, sleep=sleep))
+    started = time.perf_counter()
+    proc = run_pytest(["test_host_sleep.py", "-n", str(workers), "-p", "no:ptefarm", *extra],
+                      cwd=work, timeout=3600)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0 or f"{tests} passed" not in proc.stdout:
+        raise SystemExit(f"bare pytest-xdist with {workers} workers failed:\n{explain(proc)}")
     return wall
 
 
@@ -101,6 +131,8 @@ def main() -> int:
     parser.add_argument("--before", metavar="REV", default=None,
                         help="also measure the plugin of this git revision (with pytest's default "
                              "plugins), side by side")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="leave out bare pytest-xdist (the same sleeps on the host, no farm)")
     args = parser.parse_args()
     from farm.cli.qualify import unrelated_plugin_args
     from tests.device_helpers import make_qnn_bundle
@@ -116,10 +148,13 @@ def main() -> int:
         bundle = make_qnn_bundle(tmp / "bundle", name="orchestration")
         for v in variants:
             v.idle = run_once(tmp, 1, args.tests, 0, bundle, v.extra, v.env)
-        for d in counts:  # before and after one after the other: they share the host's load
+        bare: dict[int, float] = {}
+        for d in counts:  # variants one after the other: they share the host's load
             for v in variants:
                 wall = run_once(tmp, d, args.tests, args.sleep, bundle, v.extra, v.env)
                 v.rows.append((d, wall, math.ceil(args.tests / d) * args.sleep))
+            if not args.no_baseline:
+                bare[d] = run_bare(tmp, d, args.tests, args.sleep, variants[-1].extra)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -137,6 +172,10 @@ def main() -> int:
             per_slot = (wall - ideal) / math.ceil(args.tests / d)
             print(f"  {v.label or '-':>7} {d:>7} {wall:8.2f} {ideal:8.2f} {wall / ideal:6.3f} "
                   f"{wall - ideal:11.2f} {per_slot:23.3f}")
+        if d in bare:
+            ideal = math.ceil(args.tests / d) * args.sleep
+            print(f"  {'xdist':>7} {d:>7} {bare[d]:8.2f} {ideal:8.2f} {bare[d] / ideal:6.3f} "
+                  f"{bare[d] - ideal:11.2f} {'(bare, no farm)':>23}")
     for v in variants:
         print(f"  {v.label + ': ' if v.label else ''}same {args.tests} tests with `sleep 0` on 1 "
               f"device: {v.idle:.2f} s ({v.idle / args.tests * 1000:.0f} ms a test, start-up included)")
@@ -148,7 +187,13 @@ def main() -> int:
 
     after = variants[-1]
     before = f"; before ({args.before}): {ratios(variants[0], False)}" if args.before else ""
-    print(f"summary: wall / ideal makespan: {ratios(after, True)}{before}")
+    floor = ""
+    if bare:
+        floor = ("; bare pytest-xdist (same sleeps on the host, no farm): "
+                 + ", ".join(f"{d} workers {bare[d] / ideal:.3f}x" for d, _, ideal in after.rows)
+                 + "; farm / bare xdist wall: "
+                 + ", ".join(f"{d} dev x{wall / bare[d]:.3f}" for d, wall, _ in after.rows))
+    print(f"summary: wall / ideal makespan: {ratios(after, True)}{before}{floor}")
     return 0
 
 
