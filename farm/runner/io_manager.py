@@ -128,7 +128,7 @@ class IoMgr:
     def update(self, outputs: list[torch.Tensor], n: int) -> None:
         """After a step that produced n valid entries: store them and unmask their columns."""
         m = self.shape.n_caches
-        new_k, new_v = list(outputs[1 : 1 + m]), list(outputs[1 + m : 1 + 2 * m])
+        new_k, new_v = outputs[1 : 1 + m], outputs[1 + m : 1 + 2 * m]
         if self.n_past + n > self.cache_len:
             raise ContextFull(f"cache of {self.cache_len} entries is full")
         self._store(new_k, new_v, n)
