@@ -221,9 +221,9 @@ class Pool:
             # clock in SQL so that it shares the clock's round trip: every round trip here is spent
             # holding the pool lock. (Its clock is read a moment after txn.now: what it finds due,
             # the settling below, at txn.now, may find not yet due, and leave for the next write.)
-            due = txn.one(f"SELECT EXISTS (SELECT 1 FROM leases WHERE ended IS NULL AND expires < "
-                          f"{txn.now_sql}) AS expired, EXISTS (SELECT 1 FROM devices WHERE state = ? "
-                          f"AND last_seen < {txn.now_sql} - ?) AS stale",
+            due = txn.one("SELECT EXISTS (SELECT 1 FROM leases WHERE ended IS NULL AND expires < {now}) "
+                          "AS expired, EXISTS (SELECT 1 FROM devices WHERE state = ? "
+                          "AND last_seen < {now} - ?) AS stale",
                           (AVAILABLE, self.liveness_s or 0.0))
             assert due is not None
             if due["expired"]:

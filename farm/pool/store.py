@@ -33,8 +33,8 @@ class Txn:
 
     A backend may read the clock lazily (``now`` a callable): PostgreSQL sends the clock query with
     the lock and reads its result with the first statement that waits for one, so that the two share
-    a round trip. ``now_sql`` is the pool clock as an SQL expression, for a statement that should not
-    wait for ``now`` (it reads the clock a moment later, never earlier)."""
+    a round trip. A statement that should not wait for ``now`` writes ``{now}`` for the pool clock, as
+    in ``Store.query_one``: it becomes ``now_sql`` and reads the clock a moment later, never earlier."""
 
     def __init__(self, cursor: Any, now: float | Callable[[], float], placeholder: str = "?",
                  notify_channel: str | None = None, now_sql: str | None = None,
@@ -42,7 +42,7 @@ class Txn:
         self._cur = cursor
         self._now: float | None = None if callable(now) else now
         self._read_now = now if callable(now) else None
-        self.now_sql = now_sql
+        self._now_sql = now_sql
         self._new_cursor = new_cursor
         self._placeholder = placeholder
         self._notify_channel = notify_channel
@@ -59,6 +59,8 @@ class Txn:
         return self._now
 
     def _sql(self, sql: str) -> str:
+        if self._now_sql is not None:
+            sql = sql.replace("{now}", self._now_sql)
         return sql if self._placeholder == "?" else sql.replace("?", self._placeholder)
 
     def run(self, sql: str, params: tuple | list = ()) -> int:
