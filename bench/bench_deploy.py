@@ -8,7 +8,7 @@ temporary directory under /tmp, deleted at the end. Each round runs, interleaved
 host hits every method alike, against an emptied device directory each time:
 
 - ``adb push``: the bundled adb binary pushing every file in one command (one sync session);
-- ``deploy, digests cached``: ``farm.deploy.deploy`` in a fresh process whose bundle was verified first
+- ``deploy, digests cached``: ``farm.execute.deploy.deploy`` in a fresh process whose bundle was verified first
   (``bundle.load(verify=True)``, untimed), as ``farm deploy`` and the pytest plugin call it;
 - ``deploy, digests cold``: the same without the verify: the host files are hashed beside the push;
 - ``verify + deploy``: ``load(verify=True)`` and ``deploy`` both timed: what ``farm deploy`` does
@@ -41,10 +41,10 @@ TARGET_RATIO, TARGET_REDEPLOY, TARGET_RSS_MB = 0.9, 0.01, 200
 
 def _child(manifest: str, port: int, serial: str, mode: str) -> None:
     """Runs in the child process: one deploy (and, for "cached", a redeploy); JSON on stdout."""
-    from farm import bundle as bundle_mod
+    from farm.bundle import manifest as bundle_mod
     from farm.config import AdbServerAddress
-    from farm.deploy import deploy
-    from farm.devices import find_device
+    from farm.execute.deploy import deploy
+    from farm.device.discovery import find_device
 
     device = find_device([AdbServerAddress("127.0.0.1", port)], serial)
     started = time.perf_counter()
@@ -76,14 +76,14 @@ def _run_child(args: list[str]) -> tuple[dict, int]:
 
 
 def _make_bundle(root: Path, sizes: dict[str, int]):
-    from farm.bundle import Bundle, Mode, describe_file
+    from farm.bundle.manifest import Bundle, Mode, describe_file
 
     chunk = os.urandom(MB)
     for name, size in sizes.items():
         with open(root / name, "wb") as f:
             for i in range(size // MB):  # fresh random bytes per MiB: nothing compresses
                 f.write(chunk if i % 2 else os.urandom(MB))
-    time.sleep(1.1)  # settled files: their digests may be cached (farm.bundle.RACY_NS)
+    time.sleep(1.1)  # settled files: their digests may be cached (farm.bundle.manifest.RACY_NS)
     files = [describe_file(root, root / name, role="pte" if name.endswith(".pte") else "other")
              for name in sizes]
     bundle = Bundle(name="bench-deploy", runner_dialect="host", tokenizer=next(iter(sizes)),
@@ -105,8 +105,8 @@ def main() -> int:
         _child(manifest, int(port), serial, mode)
         return 0
 
-    from farm.adb_server import adb_binary
-    from farm.devices import find_device
+    from farm.device.adb_server import adb_binary
+    from farm.device.discovery import find_device
     from farm.virtual import VirtualDeviceSpec, VirtualFarm
 
     sizes = {"model.pte": args.pte_mb * MB}

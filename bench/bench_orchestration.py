@@ -6,7 +6,7 @@ virtual devices, against the ideal makespan.
 Each test takes the ``device`` fixture (a lease from the pool, heartbeat, fenced device) and runs
 ``sleep S`` on the device: the device waits, the host does nothing, as while a phone works. The test
 file is written to a temp dir; pytest runs in a subprocess with ``-n D`` (one xdist worker per device)
-against D pre-started virtual devices and a fresh SQLite pool (a farm.toml, as tests/test_plugin.py
+against D pre-started virtual devices and a fresh SQLite pool (a farm.toml, as tests/fixtures/test_plugin.py
 does), and its whole wall time is measured: interpreter and worker start-up, collection, leases,
 reports. pytest runs as ``farm qualify`` runs it: with the auto-loaded plugins the farm does not use
 blocked (farm.cli.qualify.UNRELATED_PLUGINS). Ideal makespan: total device time / D, rounded up by the
@@ -68,7 +68,7 @@ def run_once(tmp: Path, devices: int, tests: int, sleep: float, bundle: Path,
              extra: list[str], env: dict[str, str] | None = None) -> float:
     """Wall seconds of one pytest run of ``tests`` tests on ``devices`` fresh virtual devices."""
     from farm.virtual import VirtualDeviceSpec, VirtualFarm
-    from tests.plugin_helpers import explain, farm_toml, run_pytest
+    from tests.support.plugin import explain, farm_toml, run_pytest
 
     work = Path(tempfile.mkdtemp(prefix=f"d{devices}-", dir=tmp))
     (work / "test_device_work.py").write_text(TEST_FILE.format(tests=tests, sleep=sleep))
@@ -87,7 +87,7 @@ def run_once(tmp: Path, devices: int, tests: int, sleep: float, bundle: Path,
 
 def run_bare(tmp: Path, workers: int, tests: int, sleep: float, extra: list[str]) -> float:
     """Wall seconds of the same tests sleeping on the host, under bare pytest-xdist (no ptefarm)."""
-    from tests.plugin_helpers import explain, run_pytest
+    from tests.support.plugin import explain, run_pytest
 
     work = Path(tempfile.mkdtemp(prefix=f"bare{workers}-", dir=tmp))
     (work / "test_host_sleep.py").write_text(BARE_TEST_FILE.format(tests=tests, sleep=sleep))
@@ -135,7 +135,7 @@ def main() -> int:
                         help="leave out bare pytest-xdist (the same sleeps on the host, no farm)")
     args = parser.parse_args()
     from farm.cli.qualify import unrelated_plugin_args
-    from tests.device_helpers import make_qnn_bundle
+    from tests.support.devices import make_qnn_bundle
 
     counts = [int(d) for d in args.devices.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-orchestration-", dir="/tmp"))

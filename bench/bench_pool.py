@@ -61,7 +61,7 @@ def worker(spec: dict) -> None:
     from farm.pool import Holder, LeaseRequest, Pool
 
     if spec["flush_after"]:
-        from farm.pool.postgres import PostgresStore
+        from farm.db.postgres import PostgresStore
 
         PostgresStore.flush_outside_lock = True
     options = {} if spec["poll_s"] is None else {"poll_s": spec["poll_s"]}
@@ -210,7 +210,7 @@ def run_phase(name: str, url: str, procs: int, args: argparse.Namespace, locks: 
 
 
 def run_backend(name: str, url: str, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
-    from farm.device_probe import DeviceInfo
+    from farm.device.probe import DeviceInfo
     from farm.pool import Pool
 
     def sync() -> None:

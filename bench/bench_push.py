@@ -1,5 +1,5 @@
 """Push throughput to one virtual device: `adb push` (subprocess), adbutils `sync.push`, the farm's
-`Device.push` and a cold `farm.deploy` of a one-file bundle (push to a temp name, mv, stat, record),
+`Device.push` and a cold `farm.execute.deploy` of a one-file bundle (push to a temp name, mv, stat, record),
 side by side.
 
     python bench/bench_push.py [--size-mb 200] [--repeat 3]
@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from farm.adb_server import adb_binary
-from farm.bundle import Bundle, Mode, describe_file
-from farm.deploy import deploy
-from farm.devices import find_device
+from farm.device.adb_server import adb_binary
+from farm.bundle.manifest import Bundle, Mode, describe_file
+from farm.execute.deploy import deploy
+from farm.device.discovery import find_device
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
 
 

@@ -32,8 +32,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from farm import bundle as bundle_mod  # noqa: E402
-from farm.export import export_bundle, export_config  # noqa: E402
+from farm.bundle import manifest as bundle_mod  # noqa: E402
+from farm.bundle.export import export_bundle, export_config  # noqa: E402
 from farm.model.config import CONFIGS  # noqa: E402
 from farm.runner.engine import LlamaRunner  # noqa: E402
 from farm.runner.io_manager import UPDATERS  # noqa: E402

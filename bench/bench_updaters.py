@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from farm import bundle as bundle_mod  # noqa: E402
-from farm.export import export_bundle  # noqa: E402
+from farm.bundle import manifest as bundle_mod  # noqa: E402
+from farm.bundle.export import export_bundle  # noqa: E402
 from farm.runner.engine import LlamaRunner  # noqa: E402
 from farm.runner.io_manager import UPDATERS  # noqa: E402
 

@@ -5,13 +5,13 @@
 Upstream's flow is the one of ExecuTorch's ``SimpleADB`` (examples/qualcomm/utils.py), one ``adb``
 process per step, every run: ``adb shell rm -rf`` the workspace and ``mkdir -p`` it, one ``adb push``
 per artifact, ``adb shell`` the runner command, ``adb pull`` the output folder. The farm's flow:
-``farm.deploy.deploy`` (pushes only what the device lacks: the first run everything, then nothing) and
-``farm.run.run`` (runner, outputs read back over sync), in one process.
+``farm.execute.deploy.deploy`` (pushes only what the device lacks: the first run everything, then nothing) and
+``farm.execute.run.run`` (runner, outputs read back over sync), in one process.
 
-The run: the fake ``qnn_llama_runner`` of tests/device_helpers.py (a Python script that writes its
+The run: the fake ``qnn_llama_runner`` of tests/support/devices.py (a Python script that writes its
 outputs and exits; no model is loaded) on a bundle of small fake .pte files plus a ``padding.bin`` of
 --padding-mb MiB that brings the bundle to the size of a real one: a measure of the flow's overhead,
-not of inference. Both flows run the same runner command line (``farm.runprofile.build_command``).
+not of inference. Both flows run the same runner command line (``farm.execute.runprofile.build_command``).
 Runs are interleaved (upstream run i, farm run i, ...). Files live in a temp dir under /tmp, removed.
 """
 
@@ -33,15 +33,15 @@ MB = 1 << 20
 
 
 def _make_bundle(root: Path, padding_mb: int):
-    from farm import bundle as bundle_mod
-    from farm.bundle import describe_file
-    from tests.device_helpers import make_qnn_bundle
+    from farm.bundle import manifest as bundle_mod
+    from farm.bundle.manifest import describe_file
+    from tests.support.devices import make_qnn_bundle
 
     manifest = make_qnn_bundle(root, name="upstream-flow", archs=("v75",))
     with open(root / "padding.bin", "wb") as f:
         for _ in range(padding_mb):
             f.write(os.urandom(MB))
-    time.sleep(1.1)  # settled, so its digest is cached once computed (farm.bundle.RACY_NS)
+    time.sleep(1.1)  # settled, so its digest is cached once computed (farm.bundle.manifest.RACY_NS)
     bundle = bundle_mod.load(manifest)
     bundle.files.append(describe_file(root, root / "padding.bin", role="other"))
     bundle.write(manifest)
@@ -54,11 +54,11 @@ def main() -> int:
     parser.add_argument("--padding-mb", type=int, default=500)
     args = parser.parse_args()
 
-    from farm.adb_server import adb_binary
-    from farm.deploy import deploy
-    from farm.devices import find_device
-    from farm.run import new_run_id, run
-    from farm.runprofile import RunRequest, build_command
+    from farm.device.adb_server import adb_binary
+    from farm.execute.deploy import deploy
+    from farm.device.discovery import find_device
+    from farm.execute.run import new_run_id, run
+    from farm.execute.runprofile import RunRequest, build_command
     from farm.virtual import VirtualDeviceSpec, VirtualFarm
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-upstream-", dir="/tmp"))

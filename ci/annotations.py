@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # farm.exitcodes.ExitCode: code -> (name, meaning). A CI helper may depend on the farm, but this one is
-# also run where the farm failed to install; tests/test_ci_workflows.py checks the two tables agree.
+# also run where the farm failed to install; tests/ci/test_workflows.py checks the two tables agree.
 EXIT_CODES = {
     0: ("OK", "qualified: every test passed and no throughput regressed"),
     1: ("TEST_FAILURE", "the code under test failed"),

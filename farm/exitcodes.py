@@ -39,7 +39,7 @@ def for_error(error: BaseException) -> ExitCode:
         return ExitCode.INFRA
     if isinstance(error, UsageError):
         return ExitCode.BAD_INPUT
-    if isinstance(error, AssertionError):  # farm.run.RunnerFailed: the code under test failed
+    if isinstance(error, AssertionError):  # farm.execute.run.RunnerFailed: the code under test failed
         return ExitCode.TEST_FAILURE
     if isinstance(error, FarmError):
         return ExitCode.BAD_INPUT

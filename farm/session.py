@@ -23,7 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from farm.config import DEFAULT_LIVENESS_S, AdbServerAddress, FarmConfig
-from farm.devices import DeviceInfo, client_for, list_server, scan_server
+from farm.device.discovery import scan_server
+from farm.device.probe import DeviceInfo
+from farm.device.transport import client_for, list_server
 from farm.errors import AdbError, InfraError, UsageError
 from farm.pool import AVAILABLE, LEASED, OFFLINE, Pool
 

@@ -5,7 +5,7 @@ command lines, JSON, TOML and database rows unchanged, and a plain string read b
 compares equal to the member.
 
 - ``Updater``: the KV-cache updaters of qnn_llama_runner (``--kv_updater``).
-- ``Dialect``: the runner builds a bundle can name (farm.runprofile turns them into command lines), and
+- ``Dialect``: the runner builds a bundle can name (farm.execute.runprofile turns them into command lines), and
   the updaters each can run (``Dialect.updaters``).
 - ``EvalMode``: the bundle mode names and upstream's ``--eval_mode`` numbers, one table both ways.
 - ``DeviceState``: a device's state in the pool.

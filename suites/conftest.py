@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from farm.cases import Golden, Thresholds
+from ptefarm_suites.cases import Golden, Thresholds
 
 from ._data import bundle_goldens, bundle_thresholds
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from farm.cases import golden_for
+from ptefarm_suites.cases import golden_for
 from farm.errors import UsageError
 
 from ._data import bundle_goldens, correctness_points

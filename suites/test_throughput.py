@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from farm.cases import RelativeRule, Thresholds
+from ptefarm_suites.cases import RelativeRule, Thresholds
 
 from ._data import bundle_thresholds
 

@@ -98,7 +98,7 @@ def adb(server: str | None, print_env: bool, args: tuple[str, ...]) -> None:
 
     farm's own options (--server, --print-env, --config) come before ARGS; everything from the
     first adb argument on is adb's (farm adb help: adb's help). Exits with adb's exit code."""
-    from farm.adb_server import adb_binary
+    from farm.device.adb_server import adb_binary
 
     config = farm_config()
     chosen = pick_server(config, server)

@@ -46,7 +46,7 @@ def _stage(a, base: Path, created: list[Path]):
     """The artifacts placed inside the manifest's directory ``base`` (a manifest names only files
     inside its own directory): build outputs flat by name, the QNN SDK libraries the manifest needs
     under ``qnn-sdk/`` in the SDK's layout. Missing inputs stay as given, for the error message."""
-    from farm.qnn_bundle import COMMON_SDK_LIBS, OPTIONAL_SDK_LIBS
+    from farm.bundle.qnn import COMMON_SDK_LIBS, OPTIONAL_SDK_LIBS
 
     sdk_root = a.qnn_sdk
     android = sdk_root / "lib" / "aarch64-android"
@@ -103,7 +103,7 @@ def create(manifest, name, dialect, ptes, hybrid_ar_len, tokenizer, runner, back
     A manifest names only files inside its own directory: artifacts from elsewhere are hard-linked
     (or copied, across file systems) next to it, the QNN SDK libraries under qnn-sdk/.
     """
-    from farm.qnn_bundle import QnnArtifacts, make_manifest
+    from farm.bundle.qnn import QnnArtifacts, make_manifest
 
     artifacts = QnnArtifacts(name=name, dialect=dialect, ptes=_mode_pte(ptes),
                              tokenizer=Path(tokenizer), runner=Path(runner),
@@ -129,7 +129,7 @@ def create(manifest, name, dialect, ptes, hybrid_ar_len, tokenizer, runner, back
 @click.argument("manifest", type=click.Path(dir_okay=False))
 def verify(manifest) -> None:
     """Check every file of MANIFEST: inside its directory, with the recorded size and sha256."""
-    from farm import bundle as bundle_mod
+    from farm.bundle import manifest as bundle_mod
 
     b = bundle_mod.load(manifest, verify=True)
     click.echo(f"{manifest}: {len(b.files)} files match")

@@ -1,4 +1,4 @@
-"""`farm chaos`: the fault matrix on virtual devices, as a table (see farm.chaos)."""
+"""`farm chaos`: the fault matrix on virtual devices, as a table (see farm.selftest.chaos)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def chaos(only, list_only, manifest, keep, markdown) -> None:
 
     Exit code 0 when every scenario survived with no result lost, 1 otherwise.
     """
-    from farm.chaos import SCENARIOS, chaos_dir, run_scenario
+    from farm.selftest.chaos import SCENARIOS, chaos_dir, run_scenario
     from farm.errors import UsageError
 
     if list_only:
@@ -38,7 +38,7 @@ def chaos(only, list_only, manifest, keep, markdown) -> None:
     if unknown := [n for n in names if n not in known]:
         raise UsageError(f"--only: unknown scenario {unknown[0]!r} (see farm chaos --list)")
     if manifest is None:
-        from farm.export import export_bundle
+        from farm.bundle.export import export_bundle
 
         manifest = export_bundle("tiny")
     table = Table(title="farm chaos", show_lines=True)

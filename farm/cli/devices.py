@@ -24,16 +24,17 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from farm import bundle as bundle_mod
+from farm.bundle import manifest as bundle_mod
 from farm.cli.options import config_option, farm_config, json_option
 from farm.cli.progress import console as cli_console
 from farm.config import FarmConfig, finite_seconds
-from farm.deploy import VERIFY_LEVELS, DeployReport, deploy
-from farm.devices import Device, DeviceInfo, find_device, scan_server
+from farm.execute.deploy import VERIFY_LEVELS, DeployReport, deploy
+from farm.device.discovery import find_device, scan_server
+from farm.device.probe import Device, DeviceInfo
 from farm.errors import InfraError, LeaseError, PoolError, UsageError
 from farm.exitcodes import ExitCode
-from farm.run import RunnerFailed, RunResult, run
-from farm.runprofile import UPDATERS, RunRequest
+from farm.execute.run import RunnerFailed, RunResult, run
+from farm.execute.runprofile import UPDATERS, RunRequest
 from farm.vocab import Dialect, Updater
 
 LEASE_ENV = "PTEFARM_LEASE"  # the token `farm pool exec` gives its command
@@ -126,7 +127,7 @@ def _pool_if_any(config: FarmConfig) -> Any:
     from farm.pool import Pool
 
     if config.pool.url.startswith("sqlite:"):
-        from farm.pool.sqlite import sqlite_path
+        from farm.db.sqlite import sqlite_path
 
         if not sqlite_path(config.pool.url).exists():
             return None
@@ -181,10 +182,10 @@ def _pool_entry(config: FarmConfig, serial: str, force: bool) -> tuple[Any, Any,
 @contextlib.contextmanager
 def leased_device(config: FarmConfig, device: Device, token: str | None, force: bool) -> Iterator[Any]:
     """The device to act on, as the pool allows: a device the pool knows needs its lease token and
-    is then fenced (farm.fence: the device itself refuses our commands once another lease claims it)
+    is then fenced (farm.device.fence: the device itself refuses our commands once another lease claims it)
     and kept alive by a heartbeat while we use it; a quarantined device refuses work. ``force``
     turns every refusal into a warning. A device the pool does not know is used as it is."""
-    from farm.fence import FencedDevice
+    from farm.device.fence import FencedDevice
     from farm.pool.leases import Lease, fence_margin
 
     serial = device.serial

@@ -27,7 +27,7 @@ def export(model_name: str | None, deprecated_config: str | None, out_dir: str |
     Cached by content: exporting the same model again is instant. The last line printed is the
     manifest's path, for scripts: MANIFEST=$(farm export --model tiny | tail -n1).
     """
-    from farm.export import MANIFEST, bundle_dir, export_bundle
+    from farm.bundle.export import MANIFEST, bundle_dir, export_bundle
 
     if deprecated_config is not None:
         click.echo(f"farm export: warning: --config {deprecated_config} is deprecated, use --model "

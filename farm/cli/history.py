@@ -1,5 +1,5 @@
 """``farm history``, ``farm baseline``, ``farm results``: the runs the results store keeps
-(farm.results_store; the configured pool's database, or ``--url``).
+(farm.results.store; the configured pool's database, or ``--url``).
 
     farm history --limit 20 --purpose release       # the latest runs first
     farm baseline set 20250101-120000-000001 --name v1.0
@@ -24,8 +24,8 @@ from rich.table import Table
 from farm.cli.options import config_option, farm_config, json_option, pool_url_option
 from farm.cli.progress import console as cli_console
 from farm.errors import UsageError
-from farm.results import PURPOSES, RunResults
-from farm.results_store import Baseline, ResultsStore, RunSummary, results_url
+from farm.results.records import PURPOSES, RunResults
+from farm.results.store import Baseline, ResultsStore, RunSummary, results_url
 
 
 def _store_options(f):

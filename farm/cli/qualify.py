@@ -14,13 +14,16 @@ from pathlib import Path
 
 import click
 
-from farm.cli.report import _percent, gate_options, latest_baseline, load_baseline, load_run, write_outputs
+from farm.cli.report import (
+    gate_options,
+    latest_baseline,
+    load_baseline,
+    load_run,
+    parse_percent,
+    write_outputs,
+)
 from farm.errors import UsageError
-
-try:
-    from farm.results import PURPOSES
-except ImportError:  # before the results store's vocabulary landed
-    PURPOSES = ("pr", "nightly", "release", "adhoc")
+from farm.results.records import PURPOSES
 
 
 def suites_dir() -> Path:
@@ -88,12 +91,12 @@ def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retri
 
     if workers is not None and workers < 0:
         raise UsageError(f"--workers: must be >= 0, got {workers}")
-    effect = _percent(min_effect)  # bad input first, before any export or device
+    effect = parse_percent(min_effect)  # bad input first, before any export or device
     if manifest is None:
-        from farm.export import export_bundle
+        from farm.bundle.export import export_bundle
 
         manifest = str(export_bundle(model_config))
-    from farm.bundle import load
+    from farm.bundle.manifest import load
 
     bundle = load(manifest)  # bad input first, before any device is counted or started
     baseline = _baseline(baseline_name, purpose, bundle.name, config_path)
@@ -109,8 +112,7 @@ def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retri
         args += ["--farm-soc", s]
     if config_path:
         args += ["--farm-config", config_path]
-    if plugin_has_option("farm_purpose"):
-        args += ["--farm-purpose", purpose]
+    args += ["--farm-purpose", purpose]
     args += list(pytest_args)
     click.echo("+ pytest " + shlex.join(args), err=True)
     code = pytest.main(args)
@@ -142,13 +144,6 @@ def unrelated_plugin_args() -> list[str]:
     return [arg for name in UNRELATED_PLUGINS if name in installed for arg in ("-p", f"no:{name}")]
 
 
-def plugin_has_option(ini: str) -> bool:
-    """Whether the ptefarm plugin has ``ini`` (an option added after this command was written)."""
-    from ptefarm_fixtures.options import _OPTIONS  # the plugin's own table of its options
-
-    return any(name == ini for _, name, _, _ in _OPTIONS)
-
-
 def _baseline(name: str | None, purpose: str, bundle: str, config_path: str | None):
     """The run the gate compares with: ``--baseline`` (a name, run id or report), else for release and
     nightly runs the latest named baseline of the bundle; None for no gate."""
@@ -169,7 +164,7 @@ def exit_code(pytest_code: int, results: Path) -> int:
     import pytest
 
     from farm.exitcodes import ExitCode
-    from farm.results import Verdict
+    from farm.results.records import Verdict
 
     if pytest_code == pytest.ExitCode.USAGE_ERROR:
         return ExitCode.BAD_INPUT

@@ -18,7 +18,7 @@ import click
 
 from farm.errors import UsageError
 from farm.fileio import write_atomic
-from farm.results import RunResults, TestRecord
+from farm.results.records import RunResults, TestRecord
 
 FORMATS = ("html", "markdown", "pytorch-benchmark-v3")
 FILE_NAMES = {"html": "report.html", "markdown": "report.md", "pytorch-benchmark-v3": "benchmark-v3.json"}
@@ -44,9 +44,9 @@ def report() -> None:
 # -- finding runs -------------------------------------------------------------------------------------
 
 def open_store(config_path: str | None = None) -> Any:
-    """The results store in the configured pool's database (farm.results_store)."""
+    """The results store in the configured pool's database (farm.results.store)."""
     from farm.config import load_config
-    from farm.results_store import ResultsStore, results_url
+    from farm.results.store import ResultsStore, results_url
 
     return ResultsStore.open(results_url(load_config(config_path)))
 
@@ -54,7 +54,7 @@ def open_store(config_path: str | None = None) -> Any:
 def _parse_results(path: Path) -> RunResults:
     """results.json, by farm.report's own loader when it has one (v2), else the v1 layout."""
     try:
-        from farm.report import load_results  # the results store's loader (results.json v2)
+        from farm.results.jsonfile import load_results  # the results store's loader (results.json v2)
     except ImportError:
         load_results = None
     if load_results is not None:
@@ -143,8 +143,9 @@ def write_outputs(run: RunResults, baseline: RunResults | None, out_dir: Path, f
                   *, min_effect: float = 0.05, inconclusive_fails: bool = False) -> Written:
     """Evaluate the gate and write each format into ``out_dir``, every file atomically (a temp file
     renamed into place: an interrupted write leaves the old file or none, never half of one)."""
-    from farm.gate import GateConfig, evaluate
-    from farm.report_markdown import qualification, render_markdown
+    from farm.results.gate import GateConfig, evaluate
+    from farm.report.markdown import render_markdown
+    from farm.report.qualification import qualification
 
     gate = evaluate(run, baseline, GateConfig(min_effect=min_effect, inconclusive_fails=inconclusive_fails))
     q = qualification(run, baseline, gate)
@@ -156,11 +157,11 @@ def write_outputs(run: RunResults, baseline: RunResults | None, out_dir: Path, f
         if fmt == "markdown":
             text = markdown
         elif fmt == "html":
-            from farm.report_html import render_html
+            from farm.report.html import render_html
 
             text = render_html(q)
         else:
-            from farm.benchmark_v3 import records
+            from farm.report.benchmark_v3 import records
 
             text = json.dumps(records(run, gate), indent=2, ensure_ascii=False) + "\n"
         write_atomic(path, text)
@@ -169,7 +170,7 @@ def write_outputs(run: RunResults, baseline: RunResults | None, out_dir: Path, f
     return Written(paths, int(q.exit_code), markdown, f"{title}: {sentence}")
 
 
-def _percent(value: str) -> float:
+def parse_percent(value: str) -> float:
     try:
         pct = float(value.rstrip("%"))
     except ValueError:
@@ -218,7 +219,7 @@ def render(run: str, compare: str | None, out_dir: str | None, formats: tuple[st
         out = Path(out_dir)
     order = formats or ("markdown", "html")
     written = write_outputs(results, baseline, out, tuple(sorted(set(order), key=lambda f: f == "html")),
-                            min_effect=_percent(min_effect), inconclusive_fails=inconclusive == "fail")
+                            min_effect=parse_percent(min_effect), inconclusive_fails=inconclusive == "fail")
     for fmt, path in written.paths.items():
         click.echo(f"{fmt}: {path}" if fmt != "html" else str(path))
     if written.exit_code:
@@ -247,8 +248,8 @@ def recover(out_dir: str, config_path: str | None, store_url: str | None) -> Non
     from farm.config import load_config
     from farm.errors import FarmError
     from farm.exitcodes import for_error
-    from farm.report import recover as recover_report
-    from farm.results_store import ResultsStore, results_url
+    from farm.report.directory import recover as recover_report
+    from farm.results.store import ResultsStore, results_url
 
     written = recover_report(Path(out_dir))
     click.echo(f"recovered report: {written}")

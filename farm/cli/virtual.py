@@ -22,7 +22,7 @@ from farm.virtual.identity import load_identity
 def _sync_pool(server: AdbServerAddress) -> None:
     """Bring the pool in step with the farm's adb server after devices started or stopped: new
     devices become available, stopped ones go offline (a stopped server lists none)."""
-    from farm.devices import scan_server
+    from farm.device.discovery import scan_server
     from farm.pool import Pool
 
     config = farm_config()

@@ -19,10 +19,10 @@ from farm.config import tag_problem
 from farm.errors import UsageError
 from farm.pool.model import AVAILABLE, OFFLINE, QUARANTINED, DeviceRecord, SyncReport
 from farm.pool.rows import has_live_lease, log_event, set_state, settled_state, tags_of_row
-from farm.pool.store import Txn
+from farm.db.base import Txn
 
 if TYPE_CHECKING:
-    from farm.device_probe import DeviceInfo
+    from farm.device.probe import DeviceInfo
 
 log = logging.getLogger(__name__)
 

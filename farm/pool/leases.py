@@ -57,15 +57,16 @@ from farm.pool.rows import (
     reclaim_expired,
     set_state,
 )
-from farm.pool.store import Listener, Store, Txn, open_store
+from farm.db.base import Listener, Store, Txn
+from farm.db.connect import open_store
 
 if TYPE_CHECKING:
-    from farm.device_probe import DeviceInfo
+    from farm.device.probe import DeviceInfo
 
 log = logging.getLogger(__name__)
 
 DEFAULT_POLL_S = 0.05
-# With grants pushed (farm.pool.wakeup), a waiter polls only to notice expired leases and lost
+# With grants pushed (farm.db.wakeup), a waiter polls only to notice expired leases and lost
 # notifications; a killed holder's device is then reclaimed within this much after its TTL.
 PUSHED_POLL_S = 1.0
 MAX_DESCRIBED_DEVICES = 12

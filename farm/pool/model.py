@@ -18,7 +18,7 @@ from farm.errors import UsageError
 from farm.vocab import DeviceState
 
 if TYPE_CHECKING:  # the pool reads a DeviceInfo's attributes; it does not need adb to be importable
-    from farm.device_probe import DeviceInfo
+    from farm.device.probe import DeviceInfo
 
 # Device states (see farm.vocab.DeviceState), under the names the pool code has always used.
 AVAILABLE = DeviceState.AVAILABLE

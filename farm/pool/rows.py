@@ -17,7 +17,7 @@ from farm.pool.model import (
     LeaseRequest,
     QueueEntry,
 )
-from farm.pool.store import Txn
+from farm.db.base import Txn
 
 
 def tags_of_row(row: dict[str, Any], *sources: str) -> tuple[str, ...]:

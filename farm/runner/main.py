@@ -17,13 +17,12 @@ nothing heavy before that decision: torch comes with farm.runner.engine, in run(
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-from farm.errors import UsageError
+from farm.runner import zygote
+from farm.runner.cli import PROG, exit_code
 
-PROG = "farm-llama-runner"
 ZYGOTE_ENV = "PTEFARM_RUNNER_ZYGOTE"  # a zygote's socket (farm/runner/zygote.py): run there, fast
 # Set by a device that wants a zygote but starts none itself: the first run that finds no zygote
 # starts one in the background and runs through it once it is ready; the runs after it fork from it. A
@@ -32,102 +31,9 @@ SPAWN_ENV = "PTEFARM_RUNNER_ZYGOTE_SPAWN"
 SPAWN_WAIT_S = 120.0
 
 
-def _flag(p: argparse.ArgumentParser, name: str, **kw) -> None:
-    p.add_argument(f"--{name}", f"-{name}", dest=name, **kw)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    # argparse (and farm.fileio below) are imported where used: a zygote client never parses, and
-    # its start-up is this module's imports.
-    import argparse
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message: str):  # one line, never a usage dump
-            raise UsageError(message)
-
-    p = Parser(prog=PROG, allow_abbrev=False, description=__doc__.split("\n")[0],
-               formatter_class=argparse.RawDescriptionHelpFormatter)
-    _flag(p, "model_path", default="kv_llama_qnn.pte", help="the .pte program")
-    _flag(p, "tokenizer_path", default="tokenizer.model", help="tiktoken tokenizer.model")
-    _flag(p, "decoder_model_version", default="llama3", help="llama2 | llama3 (template, end tokens)")
-    _flag(p, "prompt", action="append", help="prompt; repeat for more turns")
-    _flag(p, "system_prompt", default="")
-    _flag(p, "seq_len", type=int, default=128, help="prompt + generated tokens")
-    _flag(p, "temperature", type=float, default=0.8, help="0 = greedy argmax")
-    _flag(p, "eval_mode", type=int, default=0, help="0 = kv, 1 = hybrid")
-    _flag(p, "kv_updater", default="SmartMask", help="SmartMask | ShiftPointer")
-    _flag(p, "output_path", default="outputs.txt")
-    _flag(p, "performance_output_path", default="inference_speed.txt")
-    _flag(p, "num_iters", type=int, default=1)
-    _flag(p, "token_ids_path", default="", help="(ptefarm) write prompt/generated token ids as JSON")
-    _flag(p, "seed", type=int, default=0, help="(ptefarm) sampling seed for --temperature > 0")
-    return p
-
-
-def _write_atomic(path: str, data: bytes, flag: str) -> None:
-    from farm.fileio import write_atomic
-
-    try:
-        write_atomic(path, data)
-    except OSError as e:
-        raise UsageError(f"--{flag}: cannot write {path}: {e.strerror}") from None
-
-
-def _check_utf8(flag: str, text: str) -> None:
-    """An argv byte that is not UTF-8 arrives as a lone surrogate; say so instead of a traceback."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        bad = ord(text[e.start])
-        byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"U+{bad:04X}"
-        raise UsageError(f"--{flag}: not valid UTF-8 ({byte} at character {e.start})") from None
-
-
-def run(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    for prompt in args.prompt or []:
-        _check_utf8("prompt", prompt)
-    _check_utf8("system_prompt", args.system_prompt)
-    if args.num_iters < 1:
-        raise UsageError(f"--num_iters: must be at least 1, got {args.num_iters}")
-    from farm.runner.engine import LlamaRunner, updater_class
-
-    io_cls = updater_class(args.kv_updater)
-    runner = LlamaRunner(args.model_path, args.tokenizer_path, args.eval_mode, io_cls,
-                         args.decoder_model_version)
-    prompts = args.prompt or ["The answer to the ultimate question is"]
-    text = bytearray()
-    gen = None
-    for i in range(args.num_iters):
-        gen = runner.generate(prompts, args.system_prompt, args.seq_len, args.temperature,
-                              args.seed + i)
-        text += gen.text
-        print("PyTorchObserver " + json.dumps(gen.stats.to_json()), flush=True)
-    _write_atomic(args.output_path, bytes(text), "output_path")
-    _write_atomic(args.performance_output_path, f"{gen.stats.tokens_per_second():f}".encode(),
-                  "performance_output_path")
-    if args.token_ids_path:
-        ids = {"prompt_ids": gen.prompt_ids, "generated_ids": gen.generated_ids}
-        _write_atomic(args.token_ids_path, json.dumps(ids).encode(), "token_ids_path")
-    return 0
-
-
-def exit_code(argv: list[str]) -> int:
-    """Run in this process; the exit code (also what a zygote's child runs)."""
-    try:
-        return run(argv)
-    except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
 def _via_zygote(socket_path: str, argv: list[str]) -> int | None:
     """The run's exit code from the zygote at ``socket_path``; None (said on stderr) when it did not
     take the run. Imports only the standard library: this is the whole start-up of a zygote run."""
-    from farm.runner import zygote
-
     try:
         return zygote.run_remote(socket_path, argv)
     except zygote.NotAnswering as e:

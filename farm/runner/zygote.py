@@ -52,7 +52,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from farm.runner.main import PROG
+from farm.runner.cli import PROG
 
 MAX_MSG = 1 << 20  # the request carries the environment; 1 MiB is far beyond any real one
 STARTED_TIMEOUT_S = 10.0  # a live zygote forks in milliseconds; past this the client runs in-process
@@ -273,7 +273,7 @@ def _preload() -> None:
     import torch  # noqa: F401
 
     import farm.model.tokenizer  # noqa: F401
-    import farm.runner.main  # noqa: F401
+    import farm.runner.cli  # noqa: F401
     from farm.runner import engine
 
     engine.import_runtime().Runtime.get()
@@ -428,9 +428,9 @@ class Zygote:
         code = 1
         try:
             self._become_client(request, fds)
-            from farm.runner import main
+            from farm.runner import cli
 
-            code = main.exit_code(request["argv"])
+            code = cli.exit_code(request["argv"])
         except SystemExit as e:  # as the interpreter would map it
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         except BaseException:

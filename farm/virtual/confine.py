@@ -9,7 +9,7 @@ namespace ends, and the kernel kills every command still inside.
 Every shell command and every ``sync:`` session then *enters* those namespaces with util-linux
 ``nsenter`` as uid/gid 2000 (``shell``, as adbd runs commands). One namespace per device rather than
 one ``bwrap`` per command, because a phone's shells share their pids and mounts: a later ``adb shell``
-must be able to ``kill`` a runner an earlier one started (farm.runprofile.kill_command does), and it
+must be able to ``kill`` a runner an earlier one started (farm.execute.runprofile.kill_command does), and it
 costs ~2 ms per command instead of ~12.
 
 Inside, ``/`` is a read-only tmpfs that looks like Android::
@@ -52,7 +52,7 @@ BWRAP_ENV = "PTEFARM_BWRAP"                    # the bwrap binary to use (defaul
 SHELL_UID = 2000                               # AID_SHELL: what `adb shell` runs as on a phone
 
 # Host side of a device root R (the rest of R is the device's own bookkeeping, outside the view).
-STORAGE_REL = "data"             # -> /data (named as inside: farm.chaos watches R/data for files)
+STORAGE_REL = "data"             # -> /data (named as inside: farm.selftest.chaos watches R/data for files)
 MEDIA_REL = "data/media/0"       # -> /storage/emulated/0 (where Android keeps it too)
 SYSTEM_REL = "system"            # -> /system (read-only)
 SYS_REL = "sys"                  # R/sys/class/{thermal,power_supply} -> /sys/class/...

@@ -21,7 +21,7 @@ from typing import Self
 import adbutils
 
 from farm import procs
-from farm.adb_server import AdbServer
+from farm.device.adb_server import AdbServer
 from farm.config import AdbServerAddress
 from farm.errors import AdbError, AdbServerDown, InfraError, UsageError
 from farm.fileio import write_atomic

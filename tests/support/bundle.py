@@ -21,7 +21,7 @@ def weights_for(manifest: Path):
 @pytest.fixture(scope="session")
 def tiny_bundle() -> Path:
     """Manifest path of the `tiny` reference bundle."""
-    from farm.export import export_bundle
+    from farm.bundle.export import export_bundle
 
     return export_bundle("tiny")
 

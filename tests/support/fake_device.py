@@ -1,4 +1,4 @@
-"""``FakeDevice``: a ``farm.device_protocol.DeviceLike`` without adb, for unit tests of deploy and run.
+"""``FakeDevice``: a ``farm.device.protocol.DeviceLike`` without adb, for unit tests of deploy and run.
 
 Its workspace is a temporary directory on the host; shell commands run there with ``sh -c`` (host
 coreutils stand in for toybox: ``stat -c``, ``sha256sum``, ``df -k`` and ``find`` agree on what the farm
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from farm.device_transport import ShellResult
+from farm.device.transport import ShellResult
 from farm.errors import AdbError, DeviceTimeout
 from farm.soc import htp_arch as htp_arch_of
 

@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 import pytest
 
-from farm.device_probe import DeviceInfo
+from farm.device.probe import DeviceInfo
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -248,7 +248,8 @@ def _use(url: str, name: str, spec_json: str) -> int:
     """Lease ``cycles`` times and run a shell command on each leased device through the adb server
     the pool names for it: proof that a lease leads to a usable device on whichever host has it."""
     from farm.config import AdbServerAddress
-    from farm.devices import Device, client_for
+    from farm.device.probe import Device
+    from farm.device.transport import client_for
     from farm.pool import Holder, LeaseRequest, Pool
 
     spec = json.loads(spec_json)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from farm.results import Attempt, ErrorKind, Measurement, Outcome, RunResults, TestRecord
+from farm.results.records import Attempt, ErrorKind, Measurement, Outcome, RunResults, TestRecord
 
 
 def make_run(run_id: str = "20250101-120000-000001", *, started_at: str = "2025-01-01T12:00:00+0000",

@@ -1,0 +1,178 @@
+"""`farm export`: the reference bundle (kv and hybrid .pte, tokenizer, manifest), cached by content.
+
+The cache key is a digest of the model config, the tokenizer's training input and this exporter's
+version (plus torch/executorch versions): the same config exports once per machine, and a change to any
+of them exports anew into a new directory. A finished bundle is published by an atomic rename of its
+directory, so a crash mid-export never leaves a bundle that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from farm.bundle.manifest import Bundle, Mode, describe_file
+from farm.config import farm_home
+from farm.errors import UsageError
+from farm.model.config import CONFIGS, LlamaConfig
+from farm.model.tokenizer import CORPUS, N_MERGES, train_ranks, write_tiktoken_model
+
+# Bump when the exported programs or the bundle layout change in a way the cache must not hide.
+EXPORTER_VERSION = "1"
+KV_PTE = "kv_llama_xnnpack.pte"
+HYBRID_PTE = "hybrid_llama_xnnpack.pte"
+TOKENIZER = "tokenizer.model"
+MANIFEST = "manifest.json"
+
+
+def resolve_config(name: str) -> LlamaConfig:
+    if name not in CONFIGS:
+        raise UsageError(f"--config: unknown config {name!r} (known: {', '.join(CONFIGS)})")
+    return CONFIGS[name]
+
+
+def cache_key(cfg: LlamaConfig) -> str:
+    # Versions from the installed distributions: importing torch would cost seconds on a cache hit.
+    material = json.dumps({"config": cfg.to_dict(), "exporter": EXPORTER_VERSION,
+                           "tokenizer": [CORPUS, N_MERGES], "torch": _dist_version("torch"),
+                           "executorch": _dist_version("executorch")}, sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name)
+
+
+def default_cache_dir() -> Path:
+    return farm_home() / "exports"
+
+
+def bundle_dir(config_name: str, out_dir: str | os.PathLike | None = None) -> Path:
+    """Where the bundle of this config lives in the cache (whether or not it was exported yet)."""
+    return _bundle_dir_of(resolve_config(config_name), out_dir)
+
+
+def _bundle_dir_of(cfg: LlamaConfig, out_dir: str | os.PathLike | None) -> Path:
+    root = Path(out_dir) if out_dir else default_cache_dir()
+    return root / f"reference-{cfg.name}-{cache_key(cfg)}"
+
+
+# Progress of an export: (what is being done, step number from 1, steps in all). Called before each
+# step; a cache hit calls nothing. The exporter prints nothing itself: `farm export` shows it.
+StepCallback = Callable[[str, int, int], None]
+STEPS = ("training the tokenizer", "lowering the kv program", "lowering the hybrid program",
+         "writing the manifest")
+
+
+def export_bundle(config_name: str = "tiny", out_dir: str | os.PathLike | None = None, *,
+                  on_step: StepCallback | None = None) -> Path:
+    """Export (or find in the cache) the reference bundle; returns the manifest's path."""
+    return export_config(resolve_config(config_name), out_dir, on_step=on_step)
+
+
+def export_config(cfg: LlamaConfig, out_dir: str | os.PathLike | None = None, *,
+                  on_step: StepCallback | None = None) -> Path:
+    """``export_bundle`` of a config that need not be one of the named ones (a benchmark's variant
+    with another context length), cached under its own name and key."""
+    final = _bundle_dir_of(cfg, out_dir)
+    root = final.parent
+    manifest = final / MANIFEST
+    if manifest.is_file():
+        return manifest
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out: cannot create {root}: {e.strerror}") from None
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        _export_into(cfg, staging, on_step or (lambda what, step, steps: None))
+        try:
+            os.rename(staging, final)
+        except OSError:
+            # Another process published the same bundle first: theirs is identical, keep it.
+            if not manifest.is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def _export_into(cfg: LlamaConfig, out: Path, step: StepCallback) -> None:
+    # The exporter's dependencies are loud about things that do not concern a CPU export (torchao's
+    # CUDA kernels, deprecations inside torch.export): keep the user's terminal for our messages.
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _export_quietly(cfg, out, lambda n: step(STEPS[n - 1], n, len(STEPS)))
+
+
+def _export_quietly(cfg: LlamaConfig, out: Path, step: Callable[[int], None]) -> None:
+    import torch
+
+    step(1)
+    ranks = train_ranks()
+    write_tiktoken_model(out / TOKENIZER, ranks)
+    from farm.model.tokenizer import load_tokenizer
+
+    n_words = load_tokenizer(out / TOKENIZER).n_words
+    cfg = replace(cfg, vocab_size=n_words, n_base_tokens=len(ranks))
+
+    from farm.model.llama import LlamaWeights, StaticLlama
+
+    weights = LlamaWeights(cfg).eval()
+    metadata = _metadata_methods(cfg)
+    with torch.no_grad():
+        step(2)
+        _lower({"forward": StaticLlama(weights, 1)}, metadata, out / KV_PTE)
+        step(3)
+        _lower({"prefill_forward": StaticLlama(weights, cfg.prefill_ar_len),
+                "kv_forward": StaticLlama(weights, 1)}, metadata, out / HYBRID_PTE)
+    step(4)
+
+    files = [describe_file(out, out / KV_PTE, role="pte"),
+             describe_file(out, out / HYBRID_PTE, role="pte"),
+             describe_file(out, out / TOKENIZER, role="tokenizer")]
+    bundle = Bundle(
+        name=f"reference-{cfg.name}",
+        runner_dialect="host",
+        tokenizer=TOKENIZER,
+        files=files,
+        modes={"kv": Mode(pte=KV_PTE, eval_mode=0, ar_len=1),
+               "hybrid": Mode(pte=HYBRID_PTE, eval_mode=1, ar_len=cfg.prefill_ar_len)},
+        decoder_model_version="llama3",
+        model=cfg.to_dict() | {"head_dim": cfg.head_dim, "exporter_version": EXPORTER_VERSION},
+    )
+    bundle.write(out / MANIFEST)
+
+
+def _metadata_methods(cfg: LlamaConfig) -> dict[str, int]:
+    # Constant methods in the program, as upstream's llama exports carry them: a runner learns the
+    # model's shape from the .pte itself, not from a side file.
+    return {"get_max_seq_len": cfg.max_seq_len, "get_vocab_size": cfg.vocab_size,
+            "get_n_layers": cfg.n_layers, "get_n_kv_heads": cfg.n_kv_heads,
+            "get_head_dim": cfg.head_dim, "get_prefill_ar_len": cfg.prefill_ar_len,
+            "get_bos_id": cfg.n_base_tokens, "get_n_base_tokens": cfg.n_base_tokens}
+
+
+def _lower(methods: dict, metadata: dict[str, int], path: Path) -> None:
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+        XnnpackPartitioner,
+    )
+    from executorch.exir import to_edge_transform_and_lower
+
+    programs = {name: torch.export.export(m, m.example_inputs(), strict=False)
+                for name, m in methods.items()}
+    edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()],
+                                       constant_methods=metadata)
+    path.write_bytes(edge.to_executorch().buffer)

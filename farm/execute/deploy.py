@@ -1,0 +1,441 @@
+"""Cached, content-addressed deployment of a bundle to a device workspace.
+
+Upstream (SimpleADB) wipes the workspace and pushes every file on every run: a 1.3 GB .pte each time.
+Here the device keeps a record (``.ptefarm-deploy.json`` in the bundle's workspace) of what it holds:
+``{name: {sha256, size, mtime}}``. A deploy asks the device for the size and mtime of every file in one
+shell call and decides per file:
+
+- missing, or a size other than the manifest's: push;
+- size and mtime equal to the record, and older than the record itself: trust the record (its sha256
+  says whether the content is the manifest's); the file cannot have changed without moving its mtime;
+- anything else (no record, mtime moved, or the file is as new as the record: "racily clean", as git
+  calls it): hash it with the device's ``sha256sum`` (one call for all such files) and push on mismatch.
+
+``verify="full"`` hashes every present file: it also catches a change that restored the size and mtime,
+at the price of reading every byte on the device (seconds per GB on a phone). ``"fast"`` is the default
+because the record is only ever wrong through deliberate tampering or a broken clock.
+
+Each push goes to ``NAME.ptefarm-partial`` and is renamed by one ``mv`` after all pushes, so an
+interrupted deploy never leaves a half file under a real name; the next deploy deletes the leftovers
+(also an adbd's own temp files such as ``.NAME.ptefarm-partial.ptefarm-partial-PID``, left by a killed
+device). Up to ``IN_FLIGHT`` files are pushed at once, biggest first, one sync connection each (kept
+for the next file and the record: ``DeviceTransport.keep_sync``); a failure (or Ctrl-C) stops the
+others at their next block, so their partial files are dropped too.
+
+The record holds only digests the deploy knows for the bytes on the device: for a kept file the digest
+the device's ``sha256sum`` reported or the previous record's; for a pushed file the sha256 of the host
+file it streamed, from one of two places:
+
+- a file last changed over ``RACY_NS`` (a second) before the deploy is hashed on a worker thread while
+  it is pushed (``farm.bundle.manifest.file_digest``: free when the bundle was verified in this process, as
+  ``farm deploy`` and the plugin do), and the digest counts only if the file's identity (size, mtime,
+  ctime, inode) is the same before and after both the hash and the push: the bytes hashed are then the
+  bytes sent (the assumption the host digest cache already makes, as git's index does);
+- a file changed more recently ("racily clean": a write in the same clock tick would not move its
+  times) is hashed as it is streamed, in the push's own thread.
+
+A host file whose bytes differ from the manifest's digest, or that changed during its push, is refused
+(``UsageError`` naming it and both digests), its partial file removed, and it is not recorded.
+
+The record is pushed to a temp name before the renames, and one shell command then removes the old
+record, renames every pushed file into place, makes the runner executable and renames the new record:
+its ``&&`` chain stops at the first failure, and the old record goes first, so a deploy stopped half-way
+leaves no record that vouches for a file it replaced. Pushed files get an mtime two seconds in the past
+(the sync protocol lets the pusher choose it), which the record holds; the record itself is dated the
+present: it is then strictly newer than every file, and any later edit on the device moves a file's
+mtime away from the recorded one. Should a device ignore the pushed mtime, its files' mtimes differ
+from the record's and the next deploy hashes them once and rewrites the record: slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import posixpath
+import shlex
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from farm.bundle.manifest import RACY_NS, Bundle, BundleFile, check_workspace_name, file_digest
+from farm.device.probe import parse_df, split_sections
+from farm.device.protocol import DeviceLike
+from farm.errors import AdbError, InfraError, UsageError
+
+log = logging.getLogger(__name__)
+
+RECORD_NAME = ".ptefarm-deploy.json"
+PARTIAL_SUFFIX = ".ptefarm-partial"
+Verify = Literal["fast", "full"]
+VERIFY_LEVELS = ("fast", "full")
+
+IN_FLIGHT = 3  # files pushed at once: the small libraries go alongside the big .pte
+PUSH_MTIME_AGE_S = 2  # pushed files are dated this far in the past (see the module docstring)
+
+ProgressCallback = Callable[[str, int], None]  # (file name, bytes just sent); called one at a time
+
+
+@dataclass
+class DeployReport:
+    serial: str
+    workspace: str
+    files_pushed: int = 0
+    bytes_pushed: int = 0
+    files_skipped: int = 0
+    files_hashed: int = 0  # hashed on the device to decide
+    seconds: float = 0.0
+    pushed: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        return (f"{self.serial}: pushed {self.files_pushed} files ({self.bytes_pushed} bytes), "
+                f"skipped {self.files_skipped}, hashed {self.files_hashed} on device, "
+                f"{self.seconds:.2f} s -> {self.workspace}")
+
+
+class _Cancelled(Exception):
+    """Another push of the same deploy failed (or the deploy was interrupted): stop this one."""
+
+
+class _Source:
+    """A host file as ``device.push`` reads it: hashed as read when ``hashing``; a read after
+    ``cancel`` is set raises ``_Cancelled``, which ends the push (its stream closes, the device drops
+    the partial file)."""
+
+    def __init__(self, raw, cancel: threading.Event, *, hashing: bool):
+        self.raw = raw
+        self.cancel = cancel
+        self.hash = hashlib.sha256() if hashing else None
+
+    def readinto(self, buf) -> int:
+        if self.cancel.is_set():
+            raise _Cancelled
+        n = self.raw.readinto(buf)
+        if n and self.hash is not None:
+            self.hash.update(memoryview(buf)[:n])
+        return n or 0
+
+    def read(self, size: int = -1) -> bytes:
+        if self.cancel.is_set():
+            raise _Cancelled
+        data = self.raw.read(size)
+        if self.hash is not None:
+            self.hash.update(data)
+        return data
+
+
+class _Progress:
+    """Bytes sent so far by all pushes, and the caller's ``on_progress``, called one at a time
+    although the pushes run on several threads (a progress bar need not be thread-safe)."""
+
+    def __init__(self, callback: ProgressCallback | None):
+        self.callback = callback
+        self.sent = 0
+        self._lock = threading.Lock()
+
+    def for_file(self, name: str) -> Callable[[int], None]:
+        def on_bytes(n: int) -> None:
+            with self._lock:
+                self.sent += n
+                if self.callback:
+                    self.callback(name, n)
+        return on_bytes
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+def _hash_settled(path) -> tuple[tuple, str, tuple]:
+    """(identity before, sha256, identity after) of a host file, on the hasher thread."""
+    before = _identity(os.stat(path))
+    digest = file_digest(path)
+    return before, digest, _identity(os.stat(path))
+
+
+@dataclass(frozen=True)
+class _Remote:
+    size: int
+    mtime: int
+
+
+def bundle_workspace(device: DeviceLike, bundle: Bundle) -> str:
+    """``<device workspace>/<bundle name>``; the bundle name must be one plain path component."""
+    name = bundle.name
+    if not name or "/" in name or name in (".", "..") or "\0" in name or "\n" in name:
+        raise UsageError(f"{bundle.manifest_path}: bundle name {name!r} must be a single file name")
+    return posixpath.join(device.workspace, name)
+
+
+def select_files(bundle: Bundle, device: DeviceLike) -> list[BundleFile]:
+    """The bundle's files for this device's HTP arch, re-checked for names that escape the workspace."""
+    where = str(bundle.manifest_path or bundle.name)
+    arch = device.htp_arch
+    archs = bundle.htp_archs()
+    if archs and arch not in archs:
+        raise UsageError(f"{where}: bundle has QNN libraries for {', '.join(sorted(archs))} only; "
+                         f"device {device.serial} ({device.soc or 'unknown SoC'}) is "
+                         f"{arch or 'of unknown HTP arch'}")
+    files = bundle.files_for(arch)
+    seen: set[str] = set()
+    for i, f in enumerate(files):
+        name = check_workspace_name(f.name, f"{where}: files[{i}]")
+        if name != f.name or PARTIAL_SUFFIX in name or name == RECORD_NAME:
+            raise UsageError(f"{where}: file name {f.name!r} is not a plain workspace name")
+        if name in seen:
+            raise UsageError(f"{where}: two files named {name!r} for HTP arch {arch}")
+        seen.add(name)
+        try:
+            actual = f.path.stat().st_size
+        except OSError as e:
+            raise UsageError(f"{where}: cannot read {f.path}: {e.strerror}") from None
+        if actual != f.size:
+            raise UsageError(f"{where}: {f.path} is {actual} bytes, manifest says {f.size}")
+    return files
+
+
+def _where(bundle: Bundle) -> str:
+    return str(bundle.manifest_path or bundle.name)
+
+
+def _discard(device: DeviceLike, remotes: list[str], timeout: float) -> None:
+    """Remove pushed temp files, best effort (the next deploy removes leftovers anyway)."""
+    try:
+        device.shell(shlex.join(["rm", "-f", "--", *remotes]), timeout=timeout)
+    except InfraError as e:
+        log.warning("device %s: could not remove %s (the next deploy will): %s", device.serial,
+                    ", ".join(remotes), e)
+
+
+def _parse_stat(text: str) -> dict[str, _Remote]:
+    found: dict[str, _Remote] = {}
+    for line in text.split("\n"):
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[0].isdigit() and parts[1].lstrip("-").isdigit():
+            found[parts[2]] = _Remote(int(parts[0]), int(parts[1]))
+    return found
+
+
+def _parse_sha256sum(text: str) -> dict[str, str]:
+    digests: dict[str, str] = {}
+    for line in text.split("\n"):
+        escaped = line.startswith("\\")  # coreutils escapes names containing \ or newline
+        if escaped:
+            line = line[1:]
+        digest, sep, name = line.partition("  ")
+        if not sep or len(digest) != 64:
+            continue
+        if escaped:
+            name = name.replace("\\n", "\n").replace("\\\\", "\\")
+        digests[name] = digest.lower()
+    return digests
+
+
+def _load_record(text: str) -> dict[str, dict[str, Any]]:
+    try:
+        raw = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError:
+        return {}  # a corrupt record only costs hashing; it is rewritten below
+    files = raw.get("files") if isinstance(raw, dict) else None
+    return files if isinstance(files, dict) else {}
+
+
+def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
+           on_progress: ProgressCallback | None = None, on_plan: Callable[[int], None] | None = None,
+           timeout: float = 60.0, hash_timeout: float = 1800.0) -> DeployReport:
+    """Make the bundle's workspace on ``device`` hold exactly the manifest's bytes.
+
+    ``on_plan(bytes)`` is called once with the bytes about to be pushed, ``on_progress(name, n)`` as
+    they go (for a progress bar). ``timeout`` bounds every shell call and every stall of a push;
+    ``hash_timeout`` the on-device sha256 of the files in doubt.
+    """
+    if verify not in VERIFY_LEVELS:
+        raise UsageError(f"verify level {verify!r} is not one of {VERIFY_LEVELS}")
+    started = time.monotonic()
+    files = select_files(bundle, device)
+    ws = bundle_workspace(device, bundle)
+    report = DeployReport(serial=device.serial, workspace=ws)
+    names = [f.name for f in files]
+    qws = shlex.quote(ws)
+    stat_args = shlex.join(["stat", "-c", "%s %Y %n", "--", RECORD_NAME, *names])
+
+    # 1. One call: create the workspace, drop leftovers of interrupted pushes, stat, read the record.
+    probe = device.shell(
+        f"mkdir -p {qws} && cd {qws} && "
+        f"{{ find . -name {shlex.quote('*' + PARTIAL_SUFFIX + '*')} -type f -exec rm -f {{}} + ; "
+        f"echo @@stat; {stat_args} 2>/dev/null; echo @@record; cat {RECORD_NAME} 2>/dev/null; "
+        f"echo; echo @@df; df -k . 2>/dev/null; true; }}", timeout=timeout)
+    if probe.exit_code != 0:
+        raise AdbError(f"device {device.serial}: cannot create workspace {ws}: {probe.err.strip()}",
+                       serial=device.serial)
+    sections = split_sections(probe.out)
+    remote = _parse_stat(sections.get("stat", ""))
+    record = _load_record(sections.get("record", ""))
+    record_file = remote.pop(RECORD_NAME, None)
+
+    to_push: list[BundleFile] = []
+    to_hash: list[BundleFile] = []
+    known: dict[str, str] = {}  # name -> sha256 of the bytes the device holds (or will hold)
+    for f in files:
+        r = remote.get(f.name)
+        if r is None or r.size != f.size:
+            to_push.append(f)
+            continue
+        entry = record.get(f.name) or {}
+        trusted = (verify == "fast" and record_file is not None and entry.get("size") == r.size
+                   and entry.get("mtime") == r.mtime and r.mtime < record_file.mtime
+                   and isinstance(entry.get("sha256"), str))
+        if trusted:
+            if entry.get("sha256") != f.sha256:
+                to_push.append(f)  # the record knows the device holds other content
+            else:
+                known[f.name] = entry["sha256"]
+        else:
+            to_hash.append(f)
+
+    # 2. One call hashes every file in doubt.
+    if to_hash:
+        sha_args = shlex.join(["sha256sum", "--", *(f.name for f in to_hash)])
+        hashed = device.shell(f"cd {qws} && {sha_args}", timeout=hash_timeout)
+        digests = _parse_sha256sum(hashed.out)
+        report.files_hashed = len(to_hash)
+        for f in to_hash:
+            if digests.get(f.name) == f.sha256:
+                known[f.name] = f.sha256
+            else:
+                to_push.append(f)
+    pushing = {f.name for f in to_push}
+    report.files_skipped = len(files) - len(pushing)
+
+    need = sum(f.size for f in to_push)
+    free = parse_df(sections.get("df", ""))
+    if free is not None and need > free:
+        raise AdbError(f"device {device.serial}: {ws} has {free} bytes free, deploy needs {need} "
+                       f"bytes", serial=device.serial)
+    if on_plan:
+        on_plan(need)
+
+    # 3. Push every changed file under a temporary name, dated a little in the past (see above),
+    # then (4.) the new record under a temp name, over sync streams kept between the pushes.
+    file_mtime = int(time.time()) - PUSH_MTIME_AGE_S
+    with _sync_streams_kept(device):
+        digests = _push_files(device, bundle, ws, to_push, need, mtime=file_mtime,
+                              timeout=timeout, on_progress=on_progress)
+        for f in files:  # reported in the manifest's order, whatever order the pushes finished in
+            if f.name in digests:
+                known[f.name] = digests[f.name]
+                report.files_pushed += 1
+                report.bytes_pushed += f.size
+                report.pushed.append(f.name)
+
+        if not to_push and not to_hash and record_file is not None:
+            report.seconds = time.monotonic() - started
+            return report  # nothing changed, nothing learned: the record stands
+
+        entries = {f.name: {"sha256": known[f.name], "size": f.size,
+                            "mtime": file_mtime if f.name in pushing else remote[f.name].mtime}
+                   for f in files if f.name in known}
+        body = json.dumps({"bundle": bundle.name, "files": entries}, sort_keys=True).encode()
+        device.push(io.BytesIO(body), posixpath.join(ws, RECORD_NAME + PARTIAL_SUFFIX),
+                    timeout=timeout)
+    # 5. One command puts everything in place.
+    device.shell(_finish_command(ws, files, pushing), timeout=timeout, check=True)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _sync_streams_kept(device: DeviceLike) -> AbstractContextManager[object]:
+    """``device.keep_sync()`` where the device offers it (``farm.devices.Device`` does: one sync
+    stream carries several pushes, as with ``adb push`` of many files), else nothing."""
+    keep = getattr(device, "keep_sync", None)
+    return keep() if callable(keep) else nullcontext()
+
+
+def _finish_command(ws: str, files: list[BundleFile], pushing: set[str]) -> str:
+    """Old record out, pushed files and new record in, runner executable: one ``&&`` chain, so the
+    device stops at the first failure with no record vouching for a half-renamed workspace."""
+    commands = [f"cd {shlex.quote(ws)}", shlex.join(["rm", "-f", "--", RECORD_NAME])]
+    commands += [shlex.join(["mv", "-f", "--", f.name + PARTIAL_SUFFIX, f.name])
+                 for f in files if f.name in pushing]
+    commands += [shlex.join(["chmod", "755", "--", f.name]) for f in files if f.role == "runner"]
+    commands.append(shlex.join(["mv", "-f", "--", RECORD_NAME + PARTIAL_SUFFIX, RECORD_NAME]))
+    return " && ".join(commands)
+
+
+def _push_files(device: DeviceLike, bundle: Bundle, ws: str, files: list[BundleFile], need: int, *,
+                mtime: int, timeout: float, on_progress: ProgressCallback | None) -> dict[str, str]:
+    """Push ``files`` to their partial names, biggest first, ``IN_FLIGHT`` at a time; name -> sha256
+    of the bytes each push sent. The first failure is raised once the other pushes have stopped."""
+    if not files:
+        return {}
+    progress = _Progress(on_progress)
+    cancel = threading.Event()
+    racy_after = time.time_ns() - RACY_NS
+    hasher = ThreadPoolExecutor(1, thread_name_prefix="deploy-hash")
+    pushers = ThreadPoolExecutor(min(IN_FLIGHT, len(files)), thread_name_prefix="deploy-push")
+    try:
+        jobs: dict[Future[str], BundleFile] = {}
+        for f in sorted(files, key=lambda f: f.size, reverse=True):
+            try:
+                st = os.stat(f.path)
+            except OSError as e:
+                raise UsageError(f"{_where(bundle)}: cannot read {f.path}: {e.strerror}") from None
+            settled = max(st.st_mtime_ns, st.st_ctime_ns) < racy_after
+            host_hash = hasher.submit(_hash_settled, f.path) if settled else None
+            jobs[pushers.submit(_push_one, device, bundle, f, ws, need, mtime=mtime, timeout=timeout,
+                                progress=progress, cancel=cancel, host_hash=host_hash)] = f
+        return {jobs[job].name: job.result() for job in as_completed(jobs)}
+    except BaseException:
+        cancel.set()  # the running pushes stop at their next block ...
+        pushers.shutdown(wait=True, cancel_futures=True)
+        # ... and the files they finished go too: a failed deploy leaves nothing but what it found.
+        _discard(device, [posixpath.join(ws, f.name + PARTIAL_SUFFIX) for f in files], timeout)
+        raise
+    finally:
+        pushers.shutdown(wait=True, cancel_futures=True)
+        hasher.shutdown(wait=False, cancel_futures=True)  # a hash in progress only reads the host
+
+
+def _push_one(device: DeviceLike, bundle: Bundle, f: BundleFile, ws: str, need: int, *, mtime: int,
+              timeout: float, progress: _Progress, cancel: threading.Event,
+              host_hash: Future | None) -> str:
+    """Push one file to its partial name; the sha256 of the bytes sent (see the module docstring).
+    A refused file's partial is removed by ``_push_files``, with those of the other pushes."""
+    partial = posixpath.join(ws, f.name + PARTIAL_SUFFIX)
+    mode = 0o755 if f.role == "runner" else 0o644
+    try:
+        before = _identity(os.stat(f.path))
+        with open(f.path, "rb") as raw:
+            src = _Source(raw, cancel, hashing=host_hash is None)
+            sent = device.push(src, partial, mode=mode, timeout=timeout,
+                               on_bytes=progress.for_file(f.name), mtime=mtime)
+        after = _identity(os.stat(f.path))
+        if host_hash is None:
+            digest = src.hash.hexdigest()
+        else:
+            hashed_from, digest, hashed_to = host_hash.result()
+            if not before == after == hashed_from == hashed_to:
+                raise UsageError(f"{_where(bundle)}: {f.path} changed while it was pushed; "
+                                 f"not deployed")
+    except AdbError as e:
+        if "space" not in str(e).lower():
+            raise
+        raise AdbError(f"device {device.serial}: storage full in {ws}: deploy needs {need} bytes, "
+                       f"{max(need - progress.sent, 0)} of them not yet written when pushing "
+                       f"{f.name} failed ({e})", serial=device.serial) from None
+    except OSError as e:  # the host file, not the device (Device.push maps its own errors)
+        raise UsageError(f"{_where(bundle)}: cannot read {f.path}: {e.strerror or e}") from None
+    if sent != f.size or digest != f.sha256:
+        raise UsageError(f"{_where(bundle)}: {f.path} changed or is corrupt: pushed {sent} bytes "
+                         f"with sha256 {digest}, manifest says {f.size} bytes with sha256 "
+                         f"{f.sha256}; not deployed")
+    return digest

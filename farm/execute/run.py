@@ -1,0 +1,294 @@
+"""Run a deployed bundle on a device and bring back a typed result.
+
+A run executes the dialect's command line (farm.execute.runprofile) in the bundle workspace, writing into a
+per-run directory ``runs/<run id>/``; its files are pulled, parsed and the directory removed.
+
+Errors keep their families apart:
+- the runner exited non-zero -> ``RunnerFailed``: the code under test failed (a test failure, not infra);
+  its message carries the exit code and the last lines of stderr, ``.result`` the whole of it;
+- the runner exited 0 but left no outputs.txt, an empty one, or (for dialects that write token ids) no
+  generated tokens -> ``RunIncomplete``: an error of the run, never a pass;
+- the device vanished, adb failed, or the runner hung past the timeout -> ``InfraError``
+  (``DeviceGone``, ``AdbError``, ``DeviceTimeout``). On a timeout the runner is killed: closing the
+  shell stream makes adbd hang up on it, and the recorded pid is killed as well for adbds that do not;
+  then the run's directory is removed (best effort).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import re
+import secrets
+import shlex
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from farm.bundle.manifest import Bundle
+from farm.execute.deploy import bundle_workspace
+from farm.device.protocol import DeviceLike
+from farm.errors import DeviceTimeout, FarmError, InfraError, RunIncomplete
+from farm.execute.runprofile import (
+    RunnerCommand,
+    RunRequest,
+    build_command,
+    help_command,
+    help_names_dialect,
+    kill_command,
+    settle_dialect,
+)
+from farm.vocab import Dialect
+
+log = logging.getLogger(__name__)
+
+OBSERVER_RE = re.compile(r"PyTorchObserver\s+(\{.*\})")
+KILL_TIMEOUT_S = 15.0
+STDERR_TAIL_LINES = 5
+
+
+@dataclass
+class RunResult:
+    serial: str
+    bundle: str
+    mode: str
+    updater: str
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    text: str | None = None  # outputs.txt: the echoed prompt and the generated text (UTF-8, lossy)
+    text_bytes: bytes | None = field(default=None, repr=False)  # outputs.txt as the runner wrote it
+    tokens_per_s: float | None = None  # inference_speed.txt (includes prefill, as upstream)
+    observers: list[dict[str, Any]] = field(default_factory=list)  # one per iteration
+    prompt_ids: list[int] | None = None
+    generated_ids: list[int] | None = None
+    local_dir: Path | None = None
+
+    @property
+    def observer(self) -> dict[str, Any] | None:
+        """The last iteration's PyTorchObserver stats."""
+        return self.observers[-1] if self.observers else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Decode-only rate: tokens after the first over the time from first token to the end."""
+        return decode_rate(self.observer)
+
+    @property
+    def prefill_tok_s(self) -> float | None:
+        return prefill_rate(self.observer)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        del d["text_bytes"]  # JSON has no bytes; ``text`` carries the content
+        d["local_dir"] = str(self.local_dir) if self.local_dir else None
+        d["decode_tok_s"] = self.decode_tok_s
+        d["prefill_tok_s"] = self.prefill_tok_s
+        return d
+
+
+class RunnerFailed(FarmError, AssertionError):
+    """The runner ran and exited non-zero: the code under test failed, the farm did not.
+
+    An ``AssertionError`` so that test frameworks count it as a failure, a ``FarmError`` so that the
+    CLI prints it as one line. Carries the whole ``RunResult`` (stderr, stdout, exit code).
+    """
+
+    def __init__(self, message: str, result: RunResult):
+        super().__init__(message)
+        self.result = result
+
+
+def _number(stats: dict[str, Any], key: str) -> float | None:
+    value = stats.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def decode_rate(stats: dict[str, Any] | None) -> float | None:
+    if not stats:
+        return None
+    generated = _number(stats, "generated_tokens")
+    first, end = _number(stats, "first_token_ms"), _number(stats, "inference_end_ms")
+    if generated is None or first is None or end is None or generated < 2 or end <= first:
+        return None
+    return (generated - 1) / ((end - first) / 1000.0)
+
+
+def prefill_rate(stats: dict[str, Any] | None) -> float | None:
+    if not stats:
+        return None
+    prompt = _number(stats, "prompt_tokens")
+    start, end = _number(stats, "inference_start_ms"), _number(stats, "prompt_eval_end_ms")
+    if prompt is None or start is None or end is None or end <= start:
+        return None
+    return prompt / ((end - start) / 1000.0)
+
+
+def parse_observers(stdout: str) -> list[dict[str, Any]]:
+    stats = []
+    for match in OBSERVER_RE.finditer(stdout):
+        try:
+            value = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            stats.append(value)
+    return stats
+
+
+def parse_speed(text: str | None) -> float | None:
+    try:
+        return float(text.strip()) if text and text.strip() else None
+    except ValueError:
+        return None
+
+
+def parse_token_ids(text: str | None) -> tuple[list[int] | None, list[int] | None]:
+    if not text:
+        return None, None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError:
+        return None, None
+
+    def ids(key: str) -> list[int] | None:
+        value = raw.get(key) if isinstance(raw, dict) else None
+        if isinstance(value, list) and all(isinstance(i, int) for i in value):
+            return value
+        return None
+
+    return ids("prompt_ids"), ids("generated_ids")
+
+
+def stderr_tail(result: RunResult, lines: int = STDERR_TAIL_LINES, width: int = 300) -> str:
+    """The last ``lines`` non-blank lines of stderr (stdout when stderr is empty), on one line."""
+    text = result.stderr.strip() or result.stdout.strip()
+    tail = [line.strip()[:width] for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(tail) if tail else "no output"
+
+
+def check_complete(result: RunResult, command: RunnerCommand) -> None:
+    """A runner that exited 0 must have left outputs.txt with content and, when the dialect writes
+    token ids, at least one generated token; otherwise ``RunIncomplete``."""
+    missing = ""
+    if result.text_bytes is None:
+        missing = f"no {command.outputs['outputs']}"
+    elif not result.text_bytes:
+        missing = f"an empty {command.outputs['outputs']}"
+    elif "token_ids" in command.outputs:
+        name = command.outputs["token_ids"]
+        if result.generated_ids is None:
+            missing = f"no readable {name}"
+        elif not result.generated_ids:
+            missing = f"no generated tokens in {name}"
+    if missing:
+        tail = stderr_tail(result)
+        raise RunIncomplete(
+            f"runner on {result.serial} exited {result.exit_code} but left {missing} in "
+            f"{command.out_dir} ({result.mode}/{result.updater}); stderr: {tail}",
+            serial=result.serial, exit_code=result.exit_code, missing=missing, stderr_tail=tail,
+            result=result)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(4)
+
+
+def _pull_outputs(device: DeviceLike, command: RunnerCommand, timeout: float) -> dict[str, bytes]:
+    listing = device.shell(f"ls -1 {shlex.quote(command.out_dir)} 2>/dev/null; true", timeout=timeout)
+    present = set(listing.out.splitlines())
+    files: dict[str, bytes] = {}
+    for kind, name in command.outputs.items():
+        if name in present:
+            files[kind] = device.read_file(posixpath.join(command.out_dir, name), timeout=timeout)
+    return files
+
+
+# (device serial, sha256 of the runner file) -> what its --help printed there. Keyed by the runner's
+# bytes, not the whole bundle's: a new .pte beside the same runner needs no new question. Only answers
+# are kept: a help that names no dialect (no runner there yet, a stand-in script) is asked again.
+_HELP: dict[tuple[str, str], str] = {}
+_HELP_LOCK = threading.Lock()
+
+
+def runner_dialect(device: DeviceLike, bundle: Bundle, *, timeout: float = 60.0) -> Dialect:
+    """The dialect to drive the bundle's runner with on ``device`` (deployed already). A bundle of
+    declared dialect ``host`` is the farm's own runner: taken as declared. Any other runner prints its
+    ``--help`` once per device and runner build (cached for the process); ``auto`` takes the dialect
+    it shows, a declaration it contradicts is a ``UsageError`` (farm.execute.runprofile.settle_dialect)."""
+    if bundle.runner_dialect == Dialect.HOST:
+        return Dialect.HOST
+    runner = next((f for f in bundle.files if f.role == "runner" and f.name == bundle.runner), None)
+    key = (device.serial, runner.sha256 if runner else "host-runner")
+    with _HELP_LOCK:
+        text = _HELP.get(key)
+    if text is not None:
+        return settle_dialect(bundle, text, device.serial)
+    # gflags exits 1 after --help: the text, not the exit code, is the answer.
+    shell = device.shell(help_command(bundle, bundle_workspace(device, bundle)), timeout=timeout)
+    text = shell.out + shell.err  # the runner's own output is on stdout; the shell's complaints not
+    dialect = settle_dialect(bundle, text, device.serial, exit_code=shell.exit_code)
+    if help_names_dialect(text):
+        with _HELP_LOCK:
+            _HELP[key] = text
+    return dialect
+
+
+def run(device: DeviceLike, bundle: Bundle, request: RunRequest, *, timeout: float = 600.0,
+        local_dir: Path | None = None, keep_remote: bool = False, run_id: str | None = None,
+        io_timeout: float = 60.0) -> RunResult:
+    """Run ``request`` with the bundle already deployed (farm.execute.deploy) on ``device``.
+
+    ``timeout`` bounds the runner; ``io_timeout`` every other device call. With ``local_dir`` the
+    pulled output files are also written there. Raises ``RunnerFailed`` for a non-zero exit,
+    ``RunIncomplete`` for a zero exit without outputs.
+    """
+    workspace = bundle_workspace(device, bundle)
+    dialect = runner_dialect(device, bundle, timeout=io_timeout)
+    command = build_command(bundle, request, workspace, run_id or new_run_id(), dialect)
+    started = time.monotonic()
+    try:
+        shell = device.shell(command.shell, timeout=timeout)
+    except DeviceTimeout:
+        cleanup = kill_command(command)
+        if not keep_remote:
+            cleanup = f"{{ {cleanup}; }}; rm -rf {shlex.quote(command.out_dir)}"
+        try:
+            device.shell(cleanup, timeout=KILL_TIMEOUT_S)
+        except InfraError as e:  # the device may be unusable now; the timeout is what we report
+            log.warning("device %s: cleaning up after a timed-out run failed: %s", device.serial, e)
+        raise
+    duration = time.monotonic() - started
+
+    files = _pull_outputs(device, command, io_timeout)
+    if not keep_remote:
+        device.shell(f"rm -rf {shlex.quote(command.out_dir)}", timeout=io_timeout)
+    if local_dir is not None:
+        local_dir = Path(local_dir)
+        local_dir.mkdir(parents=True, exist_ok=True)
+        for kind, data in files.items():
+            (local_dir / command.outputs[kind]).write_bytes(data)
+        (local_dir / "stdout.txt").write_bytes(shell.stdout)
+        (local_dir / "stderr.txt").write_bytes(shell.stderr)
+
+    def text(kind: str) -> str | None:
+        return files[kind].decode("utf-8", errors="replace") if kind in files else None
+
+    prompt_ids, generated_ids = parse_token_ids(text("token_ids"))
+    result = RunResult(
+        serial=device.serial, bundle=bundle.name, mode=request.mode, updater=request.updater,
+        command=command.shell, exit_code=shell.exit_code, stdout=shell.out, stderr=shell.err,
+        duration_s=duration, text=text("outputs"), text_bytes=files.get("outputs"),
+        tokens_per_s=parse_speed(text("speed")),
+        observers=parse_observers(shell.out), prompt_ids=prompt_ids, generated_ids=generated_ids,
+        local_dir=local_dir)
+    if shell.exit_code != 0:
+        raise RunnerFailed(f"runner on {device.serial} exited {shell.exit_code}: "
+                           f"{stderr_tail(result)}", result)
+    check_complete(result, command)
+    return result

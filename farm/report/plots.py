@@ -1,0 +1,152 @@
+"""The report's plots, drawn by matplotlib (Agg) as SVG text to inline in the HTML page.
+
+Each plot is a function of the gate's points returning an ``<svg>`` element (no XML prolog), or None
+when there is nothing to draw. Text stays text (``svg.fonttype = none``: no glyph paths, the page's
+own sans-serif), and every SVG gets its own id salt: several inline SVGs in one page must not share
+element ids (clip paths would cross-reference each other's).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import defaultdict
+
+from farm.results.gate import PointResult, PointVerdict
+
+__all__ = ["baseline_vs_now", "tok_s_by_soc", "tok_s_vs_seq_len"]
+
+COLORS = {"SmartMask": "#1f77b4", "ShiftPointer": "#ff7f0e"}
+VERDICT_COLORS = {PointVerdict.REGRESSED: "#c62828", PointVerdict.IMPROVED: "#2e7d32",
+                  PointVerdict.UNCHANGED: "#555555", PointVerdict.INCONCLUSIVE: "#b26a00",
+                  PointVerdict.NEW: "#555555"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)  # never a display, whatever the environment says
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _style():
+    """Labels are data (SoC names, updaters): a "$" in one must not start mathtext."""
+    import matplotlib
+
+    return matplotlib.rc_context({"text.parse_math": False, "svg.fonttype": "none"})
+
+
+def _drawn(plot):
+    import functools
+
+    @functools.wraps(plot)
+    def draw(points):
+        with _style():
+            return plot(points)
+    return draw
+
+
+def _svg(fig, salt: str) -> str:
+    import matplotlib
+
+    plt = _pyplot()
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": salt}):
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    text = buf.getvalue()
+    text = text[text.index("<svg"):]  # drop the XML prolog and doctype: it is inlined in HTML
+    text = re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)  # RDF licence boilerplate
+    # Element ids stay unique across the page: prefix them (matplotlib's salt alone leaves some ids
+    # such as the glyph-free text's styles shared).
+    text = re.sub(r'id="([^"]+)"', rf'id="{salt}-\1"', text)
+    text = re.sub(r'url\(#([^)]+)\)', rf'url(#{salt}-\1)', text)
+    text = re.sub(r'xlink:href="#([^"]+)"', rf'xlink:href="#{salt}-\1"', text)
+    return re.sub(r'<svg ', f'<svg role="img" aria-label="{salt}" ', text, count=1)
+
+
+def _color(updater: str, i: int) -> str:
+    return COLORS.get(updater, f"C{i % 10}")
+
+
+@_drawn
+def tok_s_by_soc(points: list[PointResult]) -> str | None:
+    """Median tok/s per SoC (and mode/seq_len) and updater, bars with the min-max range."""
+    if not points:
+        return None
+    plt = _pyplot()
+    groups = sorted({(p.key.soc, p.key.mode, p.key.seq_len) for p in points})
+    updaters = sorted({p.key.updater for p in points})
+    by = {(p.key.soc, p.key.mode, p.key.seq_len, p.key.updater): p for p in points}
+    width = 0.8 / max(1, len(updaters))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(groups) + 2), 3.4))
+    for i, u in enumerate(updaters):
+        xs, ys, lo, hi = [], [], [], []
+        for g, key in enumerate(groups):
+            p = by.get((*key, u))
+            if p is None:
+                continue
+            xs.append(g + (i - (len(updaters) - 1) / 2) * width)
+            ys.append(p.now_median)
+            lo.append(p.now_median - min(p.now))
+            hi.append(max(p.now) - p.now_median)
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=u, color=_color(u, i))
+    ax.set_xticks(range(len(groups)), [f"{s}\n{m}/{n}" for s, m, n in groups])
+    ax.set_ylabel(points[0].unit)
+    ax.set_title("Throughput per SoC and updater (median, min-max)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return _svg(fig, "plot-by-soc")
+
+
+@_drawn
+def tok_s_vs_seq_len(points: list[PointResult]) -> str | None:
+    """Median tok/s against seq_len: one line per SoC, mode and updater."""
+    if not points:
+        return None
+    plt = _pyplot()
+    lines: dict[tuple[str, str, str], list[PointResult]] = defaultdict(list)
+    for p in points:
+        lines[(p.key.soc, p.key.mode, p.key.updater)].append(p)
+    fig, ax = plt.subplots(figsize=(6.0, 3.4))
+    markers = "osD^v<>"
+    socs = sorted({k[0] for k in lines})
+    for i, ((soc, mode, updater), pts) in enumerate(sorted(lines.items())):
+        pts.sort(key=lambda p: p.key.seq_len)
+        ax.plot([p.key.seq_len for p in pts], [p.now_median for p in pts],
+                marker=markers[socs.index(soc) % len(markers)], color=_color(updater, i),
+                linestyle="-" if mode == "kv" else "--", label=f"{soc} {mode} {updater}")
+    ax.set_xlabel("seq_len")
+    ax.set_ylabel(points[0].unit)
+    ax.set_title("Throughput against seq_len per updater (median)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _svg(fig, "plot-seq-len")
+
+
+@_drawn
+def baseline_vs_now(points: list[PointResult]) -> str | None:
+    """Both samples of every point with a baseline: baseline (grey) and now (coloured by the gate's
+    verdict), each with its median, so a reader sees the spread the gate judged."""
+    compared = [p for p in points if p.base]
+    if not compared:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(compared) + 2), 3.6))
+    for i, p in enumerate(compared):
+        for dx, values, color in ((-0.17, p.base, "#9e9e9e"), (0.17, p.now, VERDICT_COLORS[p.verdict])):
+            n = len(values)
+            jitter = [dx + (j - (n - 1) / 2) * (0.12 / max(1, n - 1)) for j in range(n)]
+            ax.scatter([i + j for j in jitter], values, s=14, color=color, zorder=3)
+            median = sorted(values)[n // 2] if n % 2 else sum(sorted(values)[n // 2 - 1:n // 2 + 1]) / 2
+            ax.hlines(median, i + dx - 0.12, i + dx + 0.12, color=color, linewidth=2, zorder=4)
+        ax.annotate(str(p.verdict), (i, 1.0), xycoords=("data", "axes fraction"), ha="center",
+                    va="bottom", fontsize=7, color=VERDICT_COLORS[p.verdict])
+    ax.set_xticks(range(len(compared)), [f"{p.key.soc}\n{p.key.mode}/{p.key.seq_len}\n{p.key.updater}"
+                                         for p in compared], fontsize=7)
+    ax.set_ylabel(compared[0].unit)
+    ax.set_title("Baseline (grey) vs now, every sample and the median", pad=14)
+    ax.grid(axis="y", alpha=0.3)
+    return _svg(fig, "plot-baseline")

@@ -1,0 +1,330 @@
+"""The release qualification report's content: the view model every format renders.
+
+``Qualification`` is what a release manager reads, whatever the format: the verdict first, the SoC x
+suite matrix, correctness per SoC/mode/seq_len/prompt with the first divergence, throughput per point
+with the regression gate's verdict, the devices, the infrastructure events, the bundle's manifest.
+``farm.report.html`` renders it as a page, ``farm.report.markdown`` as Markdown (a CI step summary, a
+release ticket), ``farm.report.benchmark_v3`` as records of the PyTorch benchmark database.
+
+Errors are errors, failures are failures, everywhere: an infrastructure error is never counted, shown
+or worded as a failure of the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from farm.exitcodes import ExitCode
+from farm.results.gate import GateResult, GateVerdict, PointResult, evaluate, exit_code
+from farm.results.records import ErrorKind, Outcome, RunResults, TestRecord, verdict
+
+HEADLINES = {
+    ExitCode.OK: ("PASS", "every test passed and no throughput regressed"),
+    ExitCode.TEST_FAILURE: ("FAIL", "the code under test failed (see Failures)"),
+    ExitCode.REGRESSION: ("REGRESSION", "every test passed, but the regression gate failed against the "
+                                        "baseline"),
+    ExitCode.BAD_INPUT: ("BAD INPUT", "some tests could not run as asked (see Errors)"),
+    ExitCode.INFRA: ("INFRA ERROR", "no failure, but the infrastructure kept some tests from a verdict "
+                                    "(see Errors)"),
+    ExitCode.INTERRUPTED: ("INTERRUPTED", "the run was interrupted: this report is partial"),
+}
+SUITE_NAMES = {"test_smoke": "smoke", "test_correctness": "correctness", "test_throughput": "throughput"}
+DIVERGENCE = re.compile(r"diverge at (token ids|output text) index (\d+)")
+
+
+@dataclass
+class CorrectnessRow:
+    soc: str
+    serial: str
+    test: str       # updaters_agree, matches_golden
+    mode: str
+    seq_len: str
+    case: str       # the case (prompt) name of suites/data/correctness.toml
+    outcome: Outcome
+    first_divergence: str  # "token 3", "text byte 17", "-" when they agree, "" when unknown
+    message: str
+    error_kind: ErrorKind | None = None
+
+
+@dataclass
+class Device:
+    serial: str
+    soc: str
+    model: str = ""
+    android: str = ""
+    htp_arch: str = ""
+    virtual: bool | None = None
+
+
+@dataclass
+class InfraEvent:
+    at: str
+    serial: str
+    kind: str
+    reason: str
+    test: str = ""
+
+
+@dataclass
+class ManifestFile:
+    name: str
+    sha256: str
+    size: int | None
+    role: str
+    htp_arch: str = ""
+
+
+@dataclass
+class Qualification:
+    run: RunResults
+    baseline: RunResults | None
+    gate: GateResult
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.run.meta
+
+    @property
+    def records(self) -> list[TestRecord]:
+        return self.run.records
+
+    @property
+    def interrupted(self) -> bool:
+        return bool(self.meta.get("interrupted") or self.meta.get("partial"))
+
+    @property
+    def run_verdict(self) -> str:
+        return self.meta.get("verdict") or verdict(self.records, interrupted=self.interrupted).value
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return exit_code(self.run_verdict, self.gate, interrupted=self.interrupted)
+
+    @property
+    def headline(self) -> tuple[str, str]:
+        title, why = HEADLINES[self.exit_code]
+        n = self.gate.count("inconclusive")
+        if n and not self.gate.failed and self.exit_code != ExitCode.INTERRUPTED:
+            why += f"; the regression gate is inconclusive on {n} point(s): more measured runs needed"
+        return title, why
+
+    def count(self, outcome: Outcome) -> int:
+        return sum(r.outcome == outcome for r in self.records)
+
+    @property
+    def failures(self) -> list[TestRecord]:
+        return [r for r in self.records if r.outcome == Outcome.FAILED]
+
+    @property
+    def errors(self) -> list[TestRecord]:
+        return [r for r in self.records if r.outcome == Outcome.ERROR]
+
+    # -- SoC x suite ------------------------------------------------------------------------------
+    @property
+    def socs(self) -> list[str]:
+        return sorted({r.soc or "no SoC" for r in self.records})
+
+    @property
+    def suites(self) -> list[str]:
+        return sorted({suite_name(r) for r in self.records})
+
+    def cell(self, soc: str, suite: str) -> Counter:
+        return Counter(r.outcome for r in self.records
+                       if (r.soc or "no SoC") == soc and suite_name(r) == suite)
+
+    # -- sections ---------------------------------------------------------------------------------
+    @property
+    def correctness(self) -> list[CorrectnessRow]:
+        return [correctness_row(r) for r in self.records if r.suite == "test_correctness"]
+
+    @property
+    def throughput(self) -> list[PointResult]:
+        return self.gate.points
+
+    @property
+    def devices(self) -> list[Device]:
+        return devices_of(self.run)
+
+    @property
+    def infra_events(self) -> list[InfraEvent]:
+        return infra_events_of(self.run)
+
+    @property
+    def manifest(self) -> list[ManifestFile]:
+        return manifest_of(self.run)
+
+
+def qualification(run: RunResults, baseline: RunResults | None = None, gate: GateResult | None = None,
+                  **gate_config) -> Qualification:
+    """The report's content for ``run`` (against ``baseline``; the gate is evaluated unless given)."""
+    if gate is None:
+        from farm.results.gate import GateConfig
+
+        gate = evaluate(run, baseline, GateConfig(**gate_config))
+    return Qualification(run, baseline, gate)
+
+
+# -- extraction ---------------------------------------------------------------------------------------
+
+def suite_name(record: TestRecord) -> str:
+    return SUITE_NAMES.get(record.suite, record.suite)
+
+
+def _param_id(record: TestRecord) -> str:
+    name = record.name
+    return name[name.index("[") + 1:-1] if "[" in name and name.endswith("]") else ""
+
+
+def correctness_row(record: TestRecord) -> CorrectnessRow:
+    props = record.properties
+    mode, seq_len = props.get("mode", ""), props.get("seq_len", "")
+    # The point id is "<SoC>-<mode>-<case>[-<seq_len>]"; the suite records no case name of its own.
+    case = props.get("case") or _param_id(record)
+    for prefix in (f"{record.soc}-", f"{mode}-"):
+        if prefix != "-" and case.startswith(prefix):
+            case = case[len(prefix):]
+    if seq_len and case.endswith(f"-{seq_len}"):
+        case = case[:-len(seq_len) - 1]
+    divergence = props.get("first_divergence", "")
+    if not divergence:
+        m = DIVERGENCE.search(record.message)
+        if m:
+            divergence = f"{'token' if m.group(1) == 'token ids' else 'text byte'} {m.group(2)}"
+        elif "produced no" in record.message:
+            divergence = "empty output"
+        elif record.outcome == Outcome.PASSED:
+            divergence = "-"
+    return CorrectnessRow(record.soc or "", record.serial or "", record.name.partition("[")[0]
+                          .removeprefix("test_"), mode, seq_len, case, record.outcome, divergence,
+                          record.message, record.error_kind)
+
+
+def devices_of(run: RunResults) -> list[Device]:
+    """meta.devices when the run recorded them; otherwise what the records say of their devices."""
+    listed = run.meta.get("devices")
+    if isinstance(listed, list) and listed:
+        out = []
+        for i, d in enumerate(listed):
+            if not isinstance(d, dict) or "serial" not in d:
+                raise ValueError(f"run {run.meta.get('run_id', '?')}: meta.devices[{i}] is not a device "
+                                 f"with a serial: {d!r}")
+            out.append(Device(str(d["serial"]), str(d.get("soc") or ""), str(d.get("model") or ""),
+                              str(d.get("android") or ""), str(d.get("htp_arch") or ""), d.get("virtual")))
+        return sorted(out, key=lambda d: (d.soc, d.serial))
+    seen: dict[str, Device] = {}
+    for r in run.records:
+        if r.serial and r.serial not in seen:
+            virtual = r.properties.get("virtual")
+            seen[r.serial] = Device(r.serial, r.soc or "", htp_arch=r.properties.get("htp_arch", ""),
+                                    virtual=run.meta.get("virtual") if virtual is None else virtual == "true")
+    return sorted(seen.values(), key=lambda d: (d.soc, d.serial))
+
+
+def infra_events_of(run: RunResults) -> list[InfraEvent]:
+    """The run's infrastructure events (meta.infra_events: re-leases, quarantines) and every spoiled
+    attempt of a test, oldest first where a time is known."""
+    events = []
+    for e in run.meta.get("infra_events") or []:
+        if isinstance(e, dict):
+            events.append(InfraEvent(str(e.get("at", "")), str(e.get("serial") or ""),
+                                     str(e.get("kind", "")), str(e.get("reason", ""))))
+    for r in run.records:
+        for a in r.attempts:
+            events.append(InfraEvent("", a.serial or "", "spoiled attempt", a.reason, r.name))
+    return events
+
+
+def manifest_of(run: RunResults) -> list[ManifestFile]:
+    """meta.manifest as a list of files; a path (older results) is read if it is still there."""
+    raw = run.meta.get("manifest")
+    if isinstance(raw, str) and raw:
+        try:
+            raw = json.loads(Path(raw).read_text()).get("files", [])
+        except (OSError, ValueError, AttributeError):
+            return []
+    if not isinstance(raw, list):
+        return []
+    files = []
+    for f in raw:
+        if isinstance(f, dict) and "name" in f:
+            files.append(ManifestFile(str(f["name"]), str(f.get("sha256", "")), f.get("size"),
+                                      str(f.get("role", "")), str(f.get("htp_arch") or "")))
+    return files
+
+
+# -- formatting shared with the HTML ------------------------------------------------------------------
+
+def fmt_num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def fmt_pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+.1f}%"
+
+
+def fmt_p(value: float | None) -> str:
+    return "-" if value is None else (f"{value:.3f}" if value >= 0.001 else f"{value:.1e}")
+
+
+def cell_text(counts: Counter) -> str:
+    if not counts:
+        return "-"
+    order = [(Outcome.PASSED, "passed"), (Outcome.FAILED, "failed"), (Outcome.ERROR, "error"),
+             (Outcome.SKIPPED, "skipped")]
+    return ", ".join(f"{counts[o]} {word}{'s' if o == Outcome.ERROR and counts[o] > 1 else ''}"
+                     for o, word in order if counts[o])
+
+
+def error_label(record: TestRecord | CorrectnessRow) -> str:
+    return "bad input" if record.error_kind == ErrorKind.USAGE else "infrastructure error"
+
+
+def outcome_label(outcome: Outcome, error_kind: ErrorKind | None = None) -> str:
+    if outcome == Outcome.ERROR:
+        return "error (bad input)" if error_kind == ErrorKind.USAGE else "error (infrastructure)"
+    return str(outcome)
+
+
+def facts(q: Qualification) -> list[tuple[str, str]]:
+    """(label, value) of the run, in the order a reader wants them."""
+    m = q.meta
+    digest = str(m.get("bundle_digest") or "")
+    base = q.baseline.meta if q.baseline is not None else None
+    return [
+        ("run", str(m.get("run_id", "?"))),
+        ("purpose", str(m.get("purpose") or "-")),
+        ("bundle", f"{m.get('bundle_name', '?')} (sha256 {digest[:16] or '?'})"),
+        ("runner dialect", str(m.get("runner_dialect") or "?")),
+        ("git revision", str(m.get("git_revision") or "unknown")),
+        ("started / ended", f"{m.get('started_at', '?')} / {m.get('ended_at') or m.get('written_at') or '?'}"),
+        ("wall time", f"{float(m.get('wall_s') or 0):.1f} s"),
+        ("devices", f"{len(q.devices)}" + (" (virtual: host-CPU figures)" if m.get("virtual") else "")),
+        ("tests", f"{len(q.records)}: {q.count(Outcome.PASSED)} passed, {q.count(Outcome.FAILED)} failed, "
+                  f"{q.count(Outcome.ERROR)} errors, {q.count(Outcome.SKIPPED)} skipped"),
+        ("baseline", "none" if base is None else
+         f"{base.get('run_id', '?')}" + (f" ({base['baseline_name']})" if base.get("baseline_name") else "")
+         + f", bundle {base.get('bundle_name', '?')}"),
+        ("tool version", str(m.get("tool_version") or "-")),
+    ]
+
+
+def gate_line(q: Qualification) -> str:
+    g = q.gate
+    c = g.config
+    if g.verdict == GateVerdict.NO_BASELINE:
+        return "no baseline: throughput is checked against the thresholds only"
+    counts = ", ".join(f"{g.count(v)} {v}" for v in ("regressed", "inconclusive", "improved", "unchanged",
+                                                          "new") if g.count(v))
+    rule = (f"Mann-Whitney U two-sided, p < {c.alpha:g}, effect >= {c.min_effect * 100:g}%, "
+            f"inconclusive {'fails' if c.inconclusive_fails else 'passes'}")
+    return f"{g.verdict}{' (FAILS)' if g.failed else ''}: {counts or 'no points'} ({rule})"
+
+
+# -- Markdown -----------------------------------------------------------------------------------------
+

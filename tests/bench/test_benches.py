@@ -1,0 +1,53 @@
+"""Every benchmark under bench/ runs from a fresh checkout and ends with its summary line.
+
+Each runs here with the smallest arguments that still take every code path (a few MiB, a few tests,
+a second of pool contention). Nothing about the figures is asserted: these machines are shared and
+noisy, and the benchmarks' own targets are for a full run (README, "Performance"). What is asserted:
+the script finishes, prints a table, ends with one ``summary:`` line, and raises nothing. Exit 1 is
+allowed only where a script uses it to say a target was missed (a figure, never a crash).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# script -> (arguments, exit codes meaning "ran")
+BENCHES = {
+    "bench_push.py": (["--size-mb", "4", "--repeat", "1"], {0}),
+    "bench_deploy.py": (["--pte-mb", "6", "--lib-mb", "2,1", "--rounds", "1"], {0}),
+    "bench_upstream_flow.py": (["--runs", "2", "--padding-mb", "4"], {0}),
+    "bench_orchestration.py": (["--tests", "4", "--sleep", "0.2", "--devices", "1,2"], {0}),
+    "bench_pool.py": (["--procs", "4", "--devices", "2", "--seconds", "1.5", "--warmup", "0.3",
+                       "--hold-ms", "20"], {0, 1}),  # 1: a target missed
+    "bench_runner_startup.py": (["--repeats", "1"], {0}),
+    "bench_runner_tokens.py": (["--configs", "tiny", "--modes", "kv", "--repeats", "1",
+                                "--tokens", "8"], {0, 1}),  # 1: per-token overhead over target
+    "bench_updaters.py": (["--configs", "tiny", "--repeats", "1"], {0}),
+}
+
+
+def test_every_benchmark_is_covered():
+    assert sorted(p.name for p in (REPO / "bench").glob("bench_*.py")) == sorted(BENCHES)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("script", sorted(BENCHES))
+def test_benchmark_runs_and_ends_with_its_summary(script, tmp_path):
+    args, ok_codes = BENCHES[script]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # whatever a benchmark leaves behind stays here
+    if script == "bench_pool.py" and not os.environ.get("PTEFARM_TEST_PG_URL"):
+        args = [*args, "--backends", "sqlite"]
+    proc = subprocess.run([sys.executable, "-P", str(REPO / "bench" / script), *args], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=580)
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert proc.returncode in ok_codes, f"{script} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert lines and lines[-1].startswith("summary: "), proc.stdout
+    assert len(lines) >= 3, proc.stdout  # a table came first

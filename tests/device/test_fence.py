@@ -1,0 +1,227 @@
+"""Fencing: a holder whose lease ran out never touches the device again.
+
+``Lease.check()`` keeps a local deadline (last successful acquire/renew + TTL - margin) and needs no
+database call, so a holder stopped (SIGSTOP) past its TTL stops at its first action after it resumes,
+whatever its heartbeat thread does meanwhile.
+
+Run as a module, this file is the holder process of the SIGSTOP test:
+    python -m tests.device.test_fence hold POOL_URL HOST:PORT SERIAL TTL DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from farm.errors import InfraError, LeaseError, LeaseLost
+from farm.pool import Holder, LeaseRequest, Pool
+from tests.support.pool import REPO, fake_device
+
+# -- the cheap check ---------------------------------------------------------------------------------
+
+
+class _NoDatabase:
+    """Stands in for the pool's store: any use fails the test."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"Lease.check() used the database ({name})")
+
+
+def test_check_is_local_and_fences_past_the_deadline(pool):
+    pool.sync([fake_device("dev0")])
+    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=0.6, timeout_s=5)
+    store, pool.store = pool.store, _NoDatabase()
+    try:
+        lease.check()  # fresh: fine, and no database call
+        assert 0 < lease.remaining_s() <= 0.6
+        time.sleep(0.6)  # no heartbeat: the deadline passes (minus the margin, a tenth of the TTL)
+        with pytest.raises(LeaseLost, match="dev0.*not renewed for over its TTL") as caught:
+            lease.check()
+        assert isinstance(caught.value, InfraError) and caught.value.serial == "dev0"
+        assert isinstance(lease.lost, LeaseError)
+    finally:
+        pool.store = store
+    # Once fenced, it stays fenced, even if a renewal then succeeds (the pool had not expired it yet).
+    time.sleep(0.1)
+    with pytest.raises(LeaseError, match="expired"):
+        lease.renew()
+    with pytest.raises(LeaseLost):
+        lease.check()
+    with pytest.raises(LeaseError, match="cannot release.*expired"):
+        lease.release()
+
+
+def test_renewal_moves_the_deadline_and_lost_fences_at_once(pool):
+    pool.sync([fake_device("dev0")])
+    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=1.0, timeout_s=5)
+    for _ in range(4):  # 1.2 s in all, beyond the first deadline: each renewal pushes it on
+        time.sleep(0.3)
+        lease.renew()
+        lease.check()
+    assert lease.remaining_s() > 0.8
+    lease.lost = LeaseError("taken away")  # what the heartbeat sets when a renewal is refused
+    with pytest.raises(LeaseLost, match="taken away"):
+        lease.check()
+    lease.release()
+
+
+def test_heartbeat_keeps_the_fence_open(pool):
+    pool.sync([fake_device("dev0")])
+    with pool.acquire(LeaseRequest(serial="dev0"), ttl_s=0.6, timeout_s=5, heartbeat_s=0.1) as lease:
+        for _ in range(12):  # 1.2 s: twice the TTL
+            lease.check()
+            time.sleep(0.1)
+        lease.check()
+
+
+def test_a_lease_granted_while_waiting_is_fenced_from_its_grant(pool):
+    """A waiter granted a lease by another process's release gets the time left of that lease, not a
+    fresh TTL from when it noticed."""
+    pool.sync([fake_device("dev0")])
+    first = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=5)
+    with Pool.open(pool.store.url, poll_s=0.02) as other:
+        import threading
+
+        got = {}
+        waiter = threading.Thread(target=lambda: got.setdefault(
+            "lease", other.acquire(LeaseRequest(serial="dev0"), ttl_s=0.8, timeout_s=10)))
+        waiter.start()
+        time.sleep(0.3)
+        first.release()
+        waiter.join(10)
+        lease = got["lease"]
+        assert 0 < lease.remaining_s() <= 0.8
+        lease.release()
+
+
+# -- a holder stopped past its TTL -------------------------------------------------------------------
+
+def _hold(url: str, server_text: str, serial: str, ttl_s: str, directory: str) -> int:
+    """Lease ``serial`` and append a line to a file on the device in a loop, checking the lease before
+    each action; ``DIR/pause`` makes it wait between two actions (where the test stops it) until
+    ``DIR/resume`` exists. Prints one JSON line per event."""
+    from farm.config import AdbServerAddress
+    from farm.device.probe import Device
+    from farm.device.transport import client_for
+
+    def say(**event) -> None:
+        print(json.dumps(event), flush=True)
+
+    gate = Path(directory)
+    server = AdbServerAddress.parse(server_text)
+    pool = Pool.open(url, poll_s=0.02)
+    lease = pool.acquire(LeaseRequest(serial=serial), Holder.current("fencing holder"),
+                         ttl_s=float(ttl_s), timeout_s=30)
+    lease.start_heartbeat()
+    device = Device(client_for(server), serial, server)
+    target = f"{device.workspace}/fence.log"
+    say(leased=lease.token)
+    i = 0
+    try:
+        while True:
+            lease.check()
+            device.shell(f"echo holder-{i} >> {target}", timeout=20, check=True)
+            say(acted=i)
+            i += 1
+            if (gate / "pause").exists():
+                say(paused=i)
+                while not (gate / "resume").exists():
+                    time.sleep(0.01)
+            time.sleep(0.05)
+    except LeaseLost as e:
+        say(fenced=str(e), serial=e.serial)
+    try:
+        lease.release()
+    except LeaseError as e:
+        say(release_error=str(e))
+        return 3
+    say(released=True)
+    return 0
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def test_holder_stopped_past_its_ttl_never_acts_again(pool_url, virtual_farm, tmp_path):
+    from farm.device.discovery import discover, find_device
+    from farm.virtual import VirtualDeviceSpec
+
+    (record,) = virtual_farm.up([VirtualDeviceSpec(soc="SM8650")])
+    ttl = 1.5
+    log_file = record.host_path(f"{record.workspace}/fence.log")
+    with Pool.open(pool_url, poll_s=0.02) as pool:
+        pool.sync(discover([virtual_farm.adb_server]), [virtual_farm.adb_server])
+        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        holder = subprocess.Popen(
+            [sys.executable, "-m", "tests.device.test_fence", "hold", pool_url, str(virtual_farm.adb_server),
+             record.serial, str(ttl), str(tmp_path)],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            events = []
+
+            def next_event() -> dict:
+                line = holder.stdout.readline()
+                if not line:
+                    pytest.fail(f"holder exited ({holder.wait()}): {holder.stderr.read()[-3000:]}")
+                events.append(json.loads(line))
+                return events[-1]
+
+            while "acted" not in next_event() or events[-1]["acted"] < 2:
+                pass
+            (tmp_path / "pause").touch()
+            while "paused" not in next_event():
+                pass
+            holder.send_signal(signal.SIGSTOP)
+            acted_before = [f"holder-{e['acted']}" for e in events if "acted" in e]
+            assert _lines(log_file) == acted_before
+
+            # Past its TTL, another process (this one) gets the device and uses it.
+            time.sleep(ttl + 0.5)
+            with pool.acquire(LeaseRequest(serial=record.serial), Holder.current("second holder"),
+                              ttl_s=30, timeout_s=20) as second:
+                device = find_device([virtual_farm.adb_server], record.serial)
+                device.shell(f"echo second-0 >> {device.workspace}/fence.log", timeout=20, check=True)
+                (tmp_path / "resume").touch()
+                holder.send_signal(signal.SIGCONT)
+                out, err = holder.communicate(timeout=60)
+                events += [json.loads(line) for line in out.splitlines()]
+                second.check()
+                device.shell(f"echo second-1 >> {device.workspace}/fence.log", timeout=20, check=True)
+        finally:
+            if holder.poll() is None:
+                holder.send_signal(signal.SIGCONT)
+                holder.kill()
+                holder.wait()
+
+        # What the device saw: the stopped holder never acted again.
+        assert _lines(log_file) == [*acted_before, "second-0", "second-1"]
+        after_resume = events[events.index(next(e for e in events if "paused" in e)) + 1:]
+        assert not [e for e in after_resume if "acted" in e], events
+        fenced = next(e for e in after_resume if "fenced" in e)
+        assert fenced["serial"] == record.serial and "lost" in fenced["fenced"]
+        # Its release fails, naming why and who holds the device now; the holder exits non-zero.
+        release = next(e for e in after_resume if "release_error" in e)["release_error"]
+        assert "expired" in release and "second holder" in release, release
+        assert holder.returncode == 3, err
+
+        # The pool's log: expired, then the second lease, and nothing of the first holder after it.
+        log = [(e.kind, e.token) for e in pool.history(serial=record.serial, limit=None)
+               if e.kind in ("leased", "expired", "released")]
+        first = events[0]["leased"]
+        assert log[:2] == [("leased", first), ("expired", first)], log
+        assert [kind for kind, _ in log[2:]] == ["leased", "released"], log
+        assert all(token != first for _, token in log[2:])
+
+
+if __name__ == "__main__":
+    if sys.argv[1] != "hold":
+        raise SystemExit(f"unknown mode {sys.argv[1]!r}")
+    sys.exit(_hold(*sys.argv[2:]))
