@@ -57,7 +57,7 @@ def main() -> int:
     from farm.device.adb_server import adb_binary
     from farm.execute.deploy import deploy
     from farm.device.discovery import find_device
-    from farm.execute.run import new_run_id, run
+    from farm.execute.run import new_out_name, run
     from farm.execute.runprofile import RunRequest, build_command
     from farm.virtual import VirtualDeviceSpec, VirtualFarm
 
@@ -84,7 +84,7 @@ def main() -> int:
                 adb("shell", f"mkdir -p {upstream_ws}")
                 for f in files:
                     adb("push", str(f.path), f"{upstream_ws}/{f.name}")
-                command = build_command(bundle, request, upstream_ws, new_run_id())
+                command = build_command(bundle, request, upstream_ws, new_out_name())
                 adb("shell", f"chmod 755 {upstream_ws}/{bundle.runner} && {command.shell}")
                 out = tmp / "upstream-out" / str(i)
                 out.mkdir(parents=True)

@@ -48,7 +48,13 @@ from farm.errors import UsageError
 
 DEFAULT_ADB_PORT = 15037  # the farm's own adb server, never the user's default 5037 unless asked
 DEFAULT_WORKSPACE = "/data/local/tmp/ptefarm"
+# The defaults of [pool] and [run], here and nowhere else (the pool and the sessions take the
+# config's dataclasses, never numbers of their own).
+DEFAULT_LEASE_TTL_S = 300.0
+DEFAULT_ACQUIRE_TIMEOUT_S = 600.0
+DEFAULT_QUARANTINE_AFTER = 3
 DEFAULT_LIVENESS_S = 120.0  # a device not seen (synced, or used) this long is not leased
+DEFAULT_COMMAND_TIMEOUT_S = 600.0
 DEFAULT_RETENTION_DAYS = 30.0
 DEFAULT_RESULTS_RETENTION_DAYS = 180.0  # stored runs; named baselines are kept whatever their age
 # A device tag: what `farm pool tag` and `[[devices]] tags` accept (no spaces or commas: tags are
@@ -87,10 +93,13 @@ class AdbServerAddress:
 
 @dataclass(frozen=True)
 class PoolConfig:
-    url: str
-    lease_ttl_s: float = 300.0
-    acquire_timeout_s: float = 600.0
-    quarantine_after: int = 3
+    """``[pool]``: where the pool is and how it leases. ``PoolConfig()`` is the defaults (the default
+    pool URL is the farm home's SQLite file, as with no config file)."""
+
+    url: str = field(default_factory=lambda: default_pool_url(farm_home()))
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S
+    quarantine_after: int = DEFAULT_QUARANTINE_AFTER
     liveness_s: float = DEFAULT_LIVENESS_S
     retention_days: float = DEFAULT_RETENTION_DAYS
 
@@ -105,7 +114,7 @@ class DeviceConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    command_timeout_s: float = 600.0
+    command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S
     workspace: str = DEFAULT_WORKSPACE
 
 
@@ -278,10 +287,12 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
                          f"postgresql://, got {url!r}")
     pool = PoolConfig(
         url=url,
-        lease_ttl_s=float(_get(pool_t, "pool", "lease_ttl_s", (int, float), 300.0, loc, True)),
-        acquire_timeout_s=float(_get(pool_t, "pool", "acquire_timeout_s", (int, float), 600.0,
-                                     loc, True)),
-        quarantine_after=_get(pool_t, "pool", "quarantine_after", int, 3, loc, True),
+        lease_ttl_s=float(_get(pool_t, "pool", "lease_ttl_s", (int, float), DEFAULT_LEASE_TTL_S,
+                               loc, True)),
+        acquire_timeout_s=float(_get(pool_t, "pool", "acquire_timeout_s", (int, float),
+                                     DEFAULT_ACQUIRE_TIMEOUT_S, loc, True)),
+        quarantine_after=_get(pool_t, "pool", "quarantine_after", int, DEFAULT_QUARANTINE_AFTER,
+                              loc, True),
         liveness_s=float(_get(pool_t, "pool", "liveness_s", (int, float), DEFAULT_LIVENESS_S, loc,
                               True)),
         retention_days=float(_get(pool_t, "pool", "retention_days", (int, float),
@@ -292,8 +303,8 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
         raise UsageError(f"{loc('run')}: 'run' must be a table")
     _check_keys(run_t, "run", "run", loc)
     run = RunConfig(
-        command_timeout_s=float(_get(run_t, "run", "command_timeout_s", (int, float), 600.0,
-                                     loc, True)),
+        command_timeout_s=float(_get(run_t, "run", "command_timeout_s", (int, float),
+                                     DEFAULT_COMMAND_TIMEOUT_S, loc, True)),
         workspace=_get(run_t, "run", "workspace", str, DEFAULT_WORKSPACE, loc),
     )
     if not run.workspace.startswith("/"):

@@ -18,8 +18,9 @@ from __future__ import annotations
 from enum import IntEnum
 
 from farm.errors import FarmError, InfraError, UsageError
+from farm.vocab import Verdict
 
-__all__ = ["ExitCode", "for_error"]
+__all__ = ["ExitCode", "for_error", "for_verdict"]
 
 
 class ExitCode(IntEnum):
@@ -44,3 +45,9 @@ def for_error(error: BaseException) -> ExitCode:
     if isinstance(error, FarmError):
         return ExitCode.BAD_INPUT
     raise TypeError(f"no exit code for {type(error).__name__}: not a farm error")
+
+
+def for_verdict(verdict: Verdict | str) -> ExitCode:
+    """The exit code of a run with this verdict (the regression gate and interruption aside)."""
+    return {Verdict.PASS: ExitCode.OK, Verdict.FAIL: ExitCode.TEST_FAILURE,
+            Verdict.BAD_INPUT: ExitCode.BAD_INPUT, Verdict.INFRA_ERROR: ExitCode.INFRA}[Verdict(verdict)]

@@ -7,8 +7,9 @@ sync the pool, pick SoCs" is written once:
         farm.inventory()            # {"SM8550": 1, "SM8650": 2}: devices that can take work
         farm.pick_socs(["SM8650"])  # checked against the inventory: an unknown SoC fails at once
 
-A ``FarmAddress`` is what another process (a pytest-xdist worker) needs to use the same farm without
-starting anything: the pool URL, the adb servers and the device workspace.
+A ``FarmAddress`` is what another process (a pytest-xdist worker) needs to find the same farm without
+starting anything: the pool URL, the adb servers and the device workspace; with the config's pool
+settings (``Pool.open(url, config.pool)``) it uses it as the owner does.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from farm.config import DEFAULT_LIVENESS_S, AdbServerAddress, FarmConfig
+from farm.config import AdbServerAddress, FarmConfig
 from farm.device.discovery import scan_server
 from farm.device.probe import DeviceInfo
 from farm.device.transport import client_for, list_server
@@ -64,19 +65,13 @@ def parse_soc_counts(socs: Sequence[str], counts: Sequence[int] = ()) -> list[tu
 
 @dataclass(frozen=True)
 class FarmAddress:
-    """Enough to attach to an open farm from another process."""
+    """Where a farm is, enough to attach to it from another process: its pool, its adb servers and the
+    device workspace. How the farm is used (TTLs, timeouts) is the config's (farm.config)."""
 
     pool_url: str
     servers: tuple[str, ...]
     workspace: str
     virtual: bool = False
-    lease_ttl_s: float = 300.0
-    acquire_timeout_s: float = 600.0
-    command_timeout_s: float = 600.0
-    quarantine_after: int = 3
-    liveness_s: float | None = DEFAULT_LIVENESS_S
-    # serial -> tags from the config's [[devices]], applied by every sync; None: leave them alone
-    device_tags: dict[str, list[str]] | None = field(default=None, hash=False)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -91,20 +86,10 @@ class FarmAddress:
     def adb_servers(self) -> list[AdbServerAddress]:
         return [AdbServerAddress.parse(s) for s in self.servers]
 
-    def open_pool(self) -> Pool:
-        return Pool.open(self.pool_url, quarantine_after=self.quarantine_after,
-                         default_ttl_s=self.lease_ttl_s, default_timeout_s=self.acquire_timeout_s,
-                         liveness_s=self.liveness_s, device_tags=self.device_tags)
-
-    @property
-    def refresh_interval_s(self) -> float:
-        """How often a farm's owner refreshes its devices' liveness: well within the bound."""
-        return watch_interval(self.liveness_s)
-
 
 def watch_interval(liveness_s: float | None) -> float:
-    """A refresh interval that keeps live devices within the liveness bound: a quarter of it,
-    between 0.5 and 30 seconds."""
+    """How often a farm's owner refreshes its devices' liveness, well within the bound: a quarter of
+    it, between 0.5 and 30 seconds."""
     return 30.0 if liveness_s is None else min(30.0, max(0.5, liveness_s / 4))
 
 
@@ -250,19 +235,14 @@ def watching(farm: Farm, interval_s: float | None = None):
     """While the block runs, keep the farm's devices fresh in the pool (``Farm.refresh`` every
     ``interval_s``, by default well within the pool's liveness bound): a run's devices stay
     leasable however long it lasts, and one that dies goes offline within the interval."""
-    return _every(farm.address.refresh_interval_s if interval_s is None else interval_s,
+    return _every(watch_interval(farm.pool.liveness_s) if interval_s is None else interval_s,
                   farm.refresh, "ptefarm-liveness")
 
 
 def configured_address(config: FarmConfig) -> FarmAddress:
     """The address of the farm a config describes (its adb servers and pool)."""
     return FarmAddress(pool_url=config.pool.url, servers=tuple(str(s) for s in config.adb_servers),
-                       workspace=config.run.workspace,
-                       device_tags={k: list(v) for k, v in config.device_tags.items()},
-                       lease_ttl_s=config.pool.lease_ttl_s,
-                       acquire_timeout_s=config.pool.acquire_timeout_s,
-                       command_timeout_s=config.run.command_timeout_s,
-                       quarantine_after=config.pool.quarantine_after, liveness_s=config.pool.liveness_s)
+                       workspace=config.run.workspace)
 
 
 def refresh_configured(config: FarmConfig, pool: Pool) -> None:
@@ -286,11 +266,6 @@ def open_farm(config: FarmConfig, *, virtual: Sequence[tuple[str, int]] = (),
     kept fresh while the farm is open (``watching``: the devices stay within the pool's liveness
     bound however long the run takes)."""
     with contextlib.ExitStack() as stack:
-        timeouts = dict(lease_ttl_s=config.pool.lease_ttl_s,
-                        acquire_timeout_s=config.pool.acquire_timeout_s,
-                        command_timeout_s=config.run.command_timeout_s,
-                        quarantine_after=config.pool.quarantine_after,
-                        liveness_s=config.pool.liveness_s)
         vf = None
         if virtual:
             from farm.virtual import VirtualDeviceSpec, VirtualFarm
@@ -304,10 +279,13 @@ def open_farm(config: FarmConfig, *, virtual: Sequence[tuple[str, int]] = (),
             stack.enter_context(healing(vf))
             address = FarmAddress(pool_url=f"sqlite:///{workdir / 'pool.db'}",
                                   servers=(str(vf.adb_server),), workspace=config.run.workspace,
-                                  virtual=True, **timeouts)
+                                  virtual=True)
         else:
             address = configured_address(config)
-        pool = stack.enter_context(address.open_pool())
+        # The configured settings either way; the config's device tags are for the configured pool
+        # (a virtual run's devices are not the config's phones).
+        pool = stack.enter_context(Pool.open(address.pool_url, config.pool,
+                                             device_tags=None if virtual else config.device_tags))
         farm = Farm(address=address, pool=pool, virtual_farm=vf)
         farm.sync()
         if watch:

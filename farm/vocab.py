@@ -9,7 +9,11 @@ compares equal to the member.
   the updaters each can run (``Dialect.updaters``).
 - ``EvalMode``: the bundle mode names and upstream's ``--eval_mode`` numbers, one table both ways.
 - ``DeviceState``: a device's state in the pool.
-- ``Outcome``: a test's outcome in the farm's reports.
+- ``EventKind``: what the pool's event log records (``farm pool history``), and the few of them a run's
+  report lists as infrastructure events (``EventKind.infra_name``).
+- ``Outcome``: a test's outcome in the farm's reports; ``ErrorKind``: why an ``error`` is one.
+- ``Verdict``: a whole run (farm.exitcodes maps it to the exit code).
+- ``Purpose``: why a run was made (``--purpose``, kept with its results).
 """
 
 from __future__ import annotations
@@ -73,3 +77,64 @@ class Outcome(StrEnum):
     FAILED = "failed"
     ERROR = "error"
     SKIPPED = "skipped"
+
+
+class ErrorKind(StrEnum):
+    """Why a record is an ``error``: the infrastructure failed, or the input cannot work."""
+
+    INFRA = "infra"
+    USAGE = "usage"
+
+
+class Verdict(StrEnum):
+    """A whole run. ``farm qualify`` exits 0, 1, 3, 2 for these (and 130 when interrupted)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INFRA_ERROR = "infra-error"
+    BAD_INPUT = "bad-input"
+
+
+class Purpose(StrEnum):
+    """Why a run was made; the results store and ``farm history --purpose`` filter on it."""
+
+    PR = "pr"
+    NIGHTLY = "nightly"
+    RELEASE = "release"
+    ADHOC = "adhoc"
+
+
+class EventKind(StrEnum):
+    """An entry of the pool's event log."""
+
+    ADDED = "added"              # a device the pool had not seen
+    UPDATED = "updated"          # its properties changed
+    ONLINE = "online"            # back after being offline
+    OFFLINE = "offline"          # gone from its adb server, or not seen within the liveness bound
+    QUARANTINED = "quarantined"  # too many infrastructure failures in a row
+    RESTORED = "restored"        # `farm pool restore`
+    INFRA_FAILURE = "infra_failure"
+    FAILURES_RESET = "failures_reset"
+    QUEUED = "queued"            # a request waits
+    LEASED = "leased"
+    RELEASED = "released"
+    EXPIRED = "expired"          # the lease ran out before its release
+    ABANDONED = "abandoned"      # a waiter that went away
+    GAVE_UP = "gave_up"          # a waiter whose timeout passed
+    TAGGED = "tagged"
+    UNTAGGED = "untagged"
+    PRUNED = "pruned"            # forgotten after pool.retention_days offline
+
+    @property
+    def infra_name(self) -> str | None:
+        """The name a run's report gives this kind among its infrastructure events; None for a kind
+        that tells of no trouble with the infrastructure."""
+        return _INFRA_EVENT_NAMES.get(self)
+
+
+_INFRA_EVENT_NAMES: dict[EventKind, str] = {
+    EventKind.QUARANTINED: "quarantine", EventKind.OFFLINE: "offline", EventKind.EXPIRED: "release-lost",
+    EventKind.INFRA_FAILURE: "infra-failure", EventKind.ONLINE: "online", EventKind.RESTORED: "restored"}
+
+# The purposes in order, as plain strings: for choices, messages and membership tests.
+PURPOSES: tuple[str, ...] = tuple(p.value for p in Purpose)

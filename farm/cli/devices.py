@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,28 +141,14 @@ def _holder_text(status: Any) -> str:
     return f"{dev.state}" + (f" ({dev.reason})" if dev.reason else "")
 
 
-def _token_problem(pool: Any, token: str, serial: str) -> str:
-    """Why ``token`` does not hold ``serial``, from the lease's own events."""
-    events = pool.history(token=token, limit=1)
-    if not events:
-        return f"lease {token[:8]} is unknown to this pool"
-    last = events[-1]
-    if last.serial != serial:
-        return f"lease {token[:8]} is for {last.serial}, not {serial}"
-    return f"lease {token[:8]} ended ({last.kind})"
-
-
-def _pool_entry(config: FarmConfig, serial: str, force: bool) -> tuple[Any, Any, float, float] | None:
-    """(open pool, the device's DeviceStatus, pool clock now, local fence clock before the read), or
-    None for a device the pool does not know (or no pool, or --force with the pool unreachable)."""
-    from farm.pool.leases import fence_clock
-
+def _pool_entry(config: FarmConfig, serial: str, force: bool) -> tuple[Any, Any] | None:
+    """(open pool, the device's DeviceStatus), or None for a device the pool does not know (or no
+    pool, or --force with the pool unreachable)."""
     pool = None
     try:
         pool = _pool_if_any(config)
         if pool is None:
             return None
-        started = fence_clock()
         status = pool.status()
     except PoolError as e:
         if pool is not None:
@@ -176,48 +161,43 @@ def _pool_entry(config: FarmConfig, serial: str, force: bool) -> tuple[Any, Any,
     if found is None:
         pool.close()
         return None
-    return pool, found, status.now, started
+    return pool, found
 
 
 @contextlib.contextmanager
 def leased_device(config: FarmConfig, device: Device, token: str | None, force: bool) -> Iterator[Any]:
     """The device to act on, as the pool allows: a device the pool knows needs its lease token and
     is then fenced (farm.device.fence: the device itself refuses our commands once another lease claims it)
-    and kept alive by a heartbeat while we use it; a quarantined device refuses work. ``force``
-    turns every refusal into a warning. A device the pool does not know is used as it is."""
-    from farm.device.fence import FencedDevice
-    from farm.pool.leases import Lease, fence_margin
+    and kept alive by a heartbeat while we use it (farm.pool.hold); a quarantined device refuses
+    work. ``force`` turns every refusal into a warning. A device the pool does not know is used as it
+    is."""
+    from farm.pool.hold import adopt, hold
 
     serial = device.serial
     entry = _pool_entry(config, serial, force)
     if entry is None:  # not a pool device: as without a pool
         yield device
         return
-    pool, found, pool_now, started = entry
+    pool, found = entry
     with pool:
-        dev, current = found.device, found.lease
+        dev = found.device
         if dev.state == "quarantined":
             if not force:
                 raise InfraError(f"device {serial} is quarantined: {dev.reason or 'no reason given'} "
                                  f"('farm pool restore {serial}' returns it; --force uses it anyway)",
                                  serial=serial)
             _warn(f"device {serial} is quarantined ({dev.reason}); using it anyway (--force)")
-        if token and current is not None and current.token == token:
-            ttl = current.expires - current.renewed
-            lease = Lease(pool, current, dev, ttl,
-                          valid_until=started + (current.expires - pool_now) - fence_margin(ttl))
-            fenced = FencedDevice(device, lease)
-            fence = device.shell(f"cat {shlex.quote(fenced.fence_path)} 2>/dev/null", timeout=30)
-            if fence.out.strip() != token:
-                fenced.claim()  # the pool says this lease holds the device now: older leases are fenced
-            lease.start_heartbeat()  # a run longer than the TTL keeps its lease
-            try:
-                yield fenced
-            finally:
-                lease.stop_heartbeat()
-            return
         if token:
-            problem = f"{_token_problem(pool, token, serial)}; device {serial} is {_holder_text(found)}"
+            try:
+                lease = adopt(pool, token, serial)
+            except LeaseError as e:
+                problem = f"{e}; device {serial} is {_holder_text(found)}"
+            else:
+                # The pool says this lease holds the device now: claimed, older leases are fenced;
+                # a run longer than the TTL keeps its lease.
+                with hold(lease) as held:
+                    yield held.claim(device, unless_ours=True)
+                return
         else:
             problem = (f"device {serial} is in the pool ({_holder_text(found)}): pass its lease token "
                        f"with --lease or ${LEASE_ENV} (farm pool lease --serial {serial}, or run under "

@@ -24,8 +24,9 @@ from rich.table import Table
 from farm.cli.options import config_option, farm_config, json_option, pool_url_option
 from farm.cli.progress import console as cli_console
 from farm.errors import UsageError
-from farm.results.records import PURPOSES, RunResults
-from farm.results.store import Baseline, ResultsStore, RunSummary, results_url
+from farm.results.records import QualificationResults
+from farm.vocab import PURPOSES
+from farm.results.store import Baseline, ResultsStore, QualificationSummary, results_url
 
 
 def _store_options(f):
@@ -44,24 +45,24 @@ def _when(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def _tests(s: RunSummary) -> str:
+def _tests(s: QualificationSummary) -> str:
     parts = [f"{s.passed} passed", f"{s.failed} failed", f"{s.errors} errors"]
     if s.skipped:
         parts.append(f"{s.skipped} skipped")
     return ", ".join(parts)
 
 
-def _verdict(s: RunSummary) -> str:
+def _verdict(s: QualificationSummary) -> str:
     return s.verdict + (" (partial)" if s.partial else "")
 
 
-def _devices(s: RunSummary) -> str:
+def _devices(s: QualificationSummary) -> str:
     socs = sorted({d.split()[0] for d in s.devices})
     text = f"{len(s.devices)}: {', '.join(socs)}" if s.devices else "none"
     return text + (" (virtual)" if s.virtual else "")
 
 
-def _history_table(runs: list[RunSummary]) -> Table:
+def _history_table(runs: list[QualificationSummary]) -> Table:
     table = Table(title="runs (latest first)")
     for col in ("run", "started", "purpose", "bundle", "digest", "git", "verdict", "tests", "devices",
                 "baseline"):
@@ -151,7 +152,7 @@ def _num(v: float) -> str:
     return f"{v:.2f}" if v == 0 or 0.01 <= abs(v) < 1e6 else f"{v:.3g}"
 
 
-def _points(run: RunResults) -> Table:
+def _points(run: QualificationResults) -> Table:
     table = Table(title="measurements (every measured run)")
     for col in ("soc", "metric", "mode", "seq_len", "updater", "n", "median", "min", "max",
                 "threshold", "unit"):
@@ -166,7 +167,7 @@ def _points(run: RunResults) -> Table:
     return table
 
 
-def _show(info: Baseline, run: RunResults) -> None:
+def _show(info: Baseline, run: QualificationResults) -> None:
     meta = run.meta
     counts: dict[str, int] = {}
     for r in run.records:

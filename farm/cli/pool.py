@@ -29,10 +29,11 @@ from rich.table import Table
 
 from farm.cli.options import config_option, farm_config, json_option, pool_url_option
 from farm.cli.progress import LeaseWaitReporter, console
-from farm.config import finite_seconds
+from farm.config import FarmConfig, finite_seconds
 from farm.errors import AdbError, LeaseError, LeaseLost, PoolError, UsageError
 from farm.exitcodes import ExitCode
 from farm.pool import Event, Holder, Lease, LeaseRequest, Pool, PoolStatus
+from farm.pool.hold import hold
 
 T = TypeVar("T")
 
@@ -53,16 +54,8 @@ def pool_options(f):
     return config_option(pool_url_option(f))
 
 
-def _open() -> Pool:
-    return Pool.from_config(farm_config())
-
-
-def _refreshed(pool: Pool) -> Pool:
-    """The pool after a cheap liveness pass over the configured adb servers (see farm.session)."""
-    from farm.session import refresh_configured
-
-    refresh_configured(farm_config(), pool)
-    return pool
+def _open(config: FarmConfig | None = None) -> Pool:
+    return Pool.from_config(config or farm_config())
 
 
 def _with_pool(call: Callable[[Pool], T]) -> T:
@@ -71,13 +64,16 @@ def _with_pool(call: Callable[[Pool], T]) -> T:
         return call(p)
 
 
-def _acquire(pool: Pool, request: LeaseRequest, holder: Holder, ttl: float | None,
-             timeout: float | None) -> Lease:
-    """``pool.acquire`` that says on stderr whom it waits for (a live line at a terminal)."""
+def _acquire(config: FarmConfig, pool: Pool, request: LeaseRequest, holder: Holder,
+             ttl: float | None, timeout: float | None) -> Lease:
+    """``pool.acquire`` (after a cheap liveness pass over the configured adb servers: see
+    farm.session) that says on stderr whom it waits for (a live line at a terminal)."""
+    from farm.session import refresh_configured
+
     reporter = LeaseWaitReporter(pool.status, request)
     try:
-        return _refreshed(pool).acquire(request, holder, ttl_s=ttl, timeout_s=timeout,
-                                        on_wait=reporter)
+        refresh_configured(config, pool)
+        return pool.acquire(request, holder, ttl_s=ttl, timeout_s=timeout, on_wait=reporter)
     finally:
         reporter.done()
 
@@ -102,7 +98,8 @@ def sync() -> None:
     from farm.session import open_farm  # adb only here: the pool library does not need it
 
     config = farm_config()
-    last = _with_pool(lambda p: p.history(limit=1))
+    with _open(config) as p:
+        last = p.history(limit=1)
     with open_farm(config) as farm:  # discovers every server and syncs the pool once
         events = farm.pool.history(after_id=last[-1].id if last else 0, limit=None)
         status = farm.pool.status()
@@ -220,7 +217,9 @@ def lease(socs: tuple[str, ...], min_htp: str | None, tags: tuple[str, ...],
     host and port. For a command or CI step, 'farm pool exec' also heartbeats and releases."""
     request = LeaseRequest(socs=socs, min_htp_arch=min_htp, tags=tags, serial=serial, virtual=virtual,
                            priority=priority)
-    got = _with_pool(lambda p: _acquire(p, request, Holder.current(purpose=purpose), ttl, timeout))
+    config = farm_config()
+    with _open(config) as p:
+        got = _acquire(config, p, request, Holder.current(purpose=purpose), ttl, timeout)
     env = lease_env(got.token, got.serial, got.server)
     if fmt == "token":
         click.echo(f"{_leased_line(got)}; give it back with: farm pool release {got.token}", err=True)
@@ -331,6 +330,18 @@ def _signals(on_signal: Callable[[int], None]) -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def _release(lease: Lease) -> None:
+    """Give ``farm pool exec``'s lease back; whatever stops that is a warning (the lease ends by its
+    TTL), never the command's exit code."""
+    try:
+        lease.release()
+    except (LeaseError, PoolError) as e:
+        click.echo(f"farm: warning: lease {lease.token[:8]} on {lease.serial} not released: {e}",
+                   err=True)
+    else:
+        click.echo(f"farm: released {lease.serial}", err=True)
+
+
 def exec_command(request: LeaseRequest, holder: Holder, ttl: float | None, timeout: float | None,
                  command: list[str]) -> int:
     """Lease, run ``command`` with the device's environment while a heartbeat renews the lease, and
@@ -342,25 +353,17 @@ def exec_command(request: LeaseRequest, holder: Holder, ttl: float | None, timeo
             raise _Interrupted(signum)  # still waiting: acquire leaves the queue on the way out
         run.stop(signum)  # forwarded; once the command has exited, the release is not interrupted
 
-    with _open() as pool, _signals(on_signal):
+    config = farm_config()
+    with _open(config) as pool, _signals(on_signal):
         try:
-            lease = _acquire(pool, request, holder, ttl, timeout)
+            lease = _acquire(config, pool, request, holder, ttl, timeout)
         except _Interrupted as e:
             click.echo(f"farm: interrupted ({e}) while waiting for a lease", err=True)
             return ExitCode.INTERRUPTED
         run = _Exec(lease, command)
-        lease.start_heartbeat()
-        click.echo(f"farm: {_leased_line(lease)}; running {shlex.join(command)}", err=True)
-        try:
+        with hold(lease, release=_release):
+            click.echo(f"farm: {_leased_line(lease)}; running {shlex.join(command)}", err=True)
             code = run.run()
-        finally:
-            try:
-                lease.release()
-            except (LeaseError, PoolError) as e:
-                click.echo(f"farm: warning: lease {lease.token[:8]} on {lease.serial} not released: "
-                           f"{e}", err=True)
-            else:
-                click.echo(f"farm: released {lease.serial}", err=True)
     if run.lost is not None:
         raise run.lost
     if run.signalled is not None:

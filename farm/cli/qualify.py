@@ -23,7 +23,7 @@ from farm.cli.report import (
     write_outputs,
 )
 from farm.errors import UsageError
-from farm.results.records import PURPOSES
+from farm.vocab import PURPOSES
 
 
 def suites_dir() -> Path:
@@ -163,8 +163,7 @@ def exit_code(pytest_code: int, results: Path) -> int:
     was written."""
     import pytest
 
-    from farm.exitcodes import ExitCode
-    from farm.results.records import Verdict
+    from farm.exitcodes import ExitCode, for_verdict
 
     if pytest_code == pytest.ExitCode.USAGE_ERROR:
         return ExitCode.BAD_INPUT
@@ -176,4 +175,4 @@ def exit_code(pytest_code: int, results: Path) -> int:
         return ExitCode.INTERRUPTED if pytest_code == pytest.ExitCode.INTERRUPTED else ExitCode.BAD_INPUT
     if meta.get("interrupted"):
         return ExitCode.INTERRUPTED
-    return Verdict(meta["verdict"]).exit_code
+    return for_verdict(meta["verdict"])

@@ -18,7 +18,7 @@ import click
 
 from farm.errors import UsageError
 from farm.fileio import write_atomic
-from farm.results.records import RunResults, TestRecord
+from farm.results.records import QualificationResults, TestRecord
 
 FORMATS = ("html", "markdown", "pytorch-benchmark-v3")
 FILE_NAMES = {"html": "report.html", "markdown": "report.md", "pytorch-benchmark-v3": "benchmark-v3.json"}
@@ -51,7 +51,7 @@ def open_store(config_path: str | None = None) -> Any:
     return ResultsStore.open(results_url(load_config(config_path)))
 
 
-def _parse_results(path: Path) -> RunResults:
+def _parse_results(path: Path) -> QualificationResults:
     """results.json, by farm.report's own loader when it has one (v2), else the v1 layout."""
     try:
         from farm.results.jsonfile import load_results  # the results store's loader (results.json v2)
@@ -74,10 +74,10 @@ def _parse_results(path: Path) -> RunResults:
             records.append(TestRecord.from_json(r))
         except (TypeError, ValueError, KeyError) as e:
             raise UsageError(f"{path}: results[{i}] is not a test record: {e}") from None
-    return RunResults(body["meta"], records)
+    return QualificationResults(body["meta"], records)
 
 
-def _from_file(source: str, what: str) -> RunResults | None:
+def _from_file(source: str, what: str) -> QualificationResults | None:
     path = Path(source)
     if path.is_dir():
         if not (path / "results.json").is_file():
@@ -88,7 +88,7 @@ def _from_file(source: str, what: str) -> RunResults | None:
     return None
 
 
-def load_run(source: str, *, config_path: str | None = None, what: str = "RUN") -> RunResults:
+def load_run(source: str, *, config_path: str | None = None, what: str = "RUN") -> QualificationResults:
     """A run from a report directory, a results.json or a run id of the results store."""
     found = _from_file(source, what)
     if found is not None:
@@ -100,7 +100,7 @@ def load_run(source: str, *, config_path: str | None = None, what: str = "RUN") 
             raise UsageError(f"{what} {source!r}: no such report directory or results.json, and {e}") from None
 
 
-def load_baseline(source: str, *, config_path: str | None = None, what: str = "--compare") -> RunResults:
+def load_baseline(source: str, *, config_path: str | None = None, what: str = "--compare") -> QualificationResults:
     """A baseline: anything ``load_run`` takes, or the name of a baseline in the results store."""
     found = _from_file(source, what)
     if found is not None:
@@ -118,7 +118,7 @@ def load_baseline(source: str, *, config_path: str | None = None, what: str = "-
         return run
 
 
-def latest_baseline(bundle: str, *, config_path: str | None = None) -> RunResults | None:
+def latest_baseline(bundle: str, *, config_path: str | None = None) -> QualificationResults | None:
     """The newest named baseline of ``bundle`` in the results store; None without one."""
     with open_store(config_path) as store:
         found = store.latest_baseline(bundle)
@@ -139,16 +139,16 @@ class Written:
     headline: str = ""
 
 
-def write_outputs(run: RunResults, baseline: RunResults | None, out_dir: Path, formats: tuple[str, ...],
+def write_outputs(run: QualificationResults, baseline: QualificationResults | None, out_dir: Path, formats: tuple[str, ...],
                   *, min_effect: float = 0.05, inconclusive_fails: bool = False) -> Written:
     """Evaluate the gate and write each format into ``out_dir``, every file atomically (a temp file
     renamed into place: an interrupted write leaves the old file or none, never half of one)."""
     from farm.results.gate import GateConfig, evaluate
     from farm.report.markdown import render_markdown
-    from farm.report.qualification import qualification
+    from farm.report.qualification import qualification_report
 
     gate = evaluate(run, baseline, GateConfig(min_effect=min_effect, inconclusive_fails=inconclusive_fails))
-    q = qualification(run, baseline, gate)
+    q = qualification_report(run, baseline, gate)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     markdown = render_markdown(q)

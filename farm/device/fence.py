@@ -41,6 +41,11 @@ class FencedDevice:
                           f"printf %s {shlex.quote(self.lease.token)} > {fence}.tmp && "
                           f"mv -f {fence}.tmp {fence}", timeout=timeout, check=True)
 
+    def holds(self, timeout: float = 30.0) -> bool:
+        """Whether the device's fence names our lease already (then a claim would change nothing)."""
+        fence = self.device.shell(f"cat {shlex.quote(self.fence_path)} 2>/dev/null", timeout=timeout)
+        return fence.out.strip() == self.lease.token
+
     def guard(self, command: str) -> str:
         token = shlex.quote(self.lease.token)
         return (f'[ "$(cat {shlex.quote(self.fence_path)} 2>/dev/null)" = {token} ] || '

@@ -195,7 +195,7 @@ def check_complete(result: RunResult, command: RunnerCommand) -> None:
             result=result)
 
 
-def new_run_id() -> str:
+def new_out_name() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(4)
 
 
@@ -240,7 +240,7 @@ def runner_dialect(device: DeviceLike, bundle: Bundle, *, timeout: float = 60.0)
 
 
 def run(device: DeviceLike, bundle: Bundle, request: RunRequest, *, timeout: float = 600.0,
-        local_dir: Path | None = None, keep_remote: bool = False, run_id: str | None = None,
+        local_dir: Path | None = None, keep_remote: bool = False, out_name: str | None = None,
         io_timeout: float = 60.0) -> RunResult:
     """Run ``request`` with the bundle already deployed (farm.execute.deploy) on ``device``.
 
@@ -250,7 +250,7 @@ def run(device: DeviceLike, bundle: Bundle, request: RunRequest, *, timeout: flo
     """
     workspace = bundle_workspace(device, bundle)
     dialect = runner_dialect(device, bundle, timeout=io_timeout)
-    command = build_command(bundle, request, workspace, run_id or new_run_id(), dialect)
+    command = build_command(bundle, request, workspace, out_name or new_out_name(), dialect)
     started = time.monotonic()
     try:
         shell = device.shell(command.shell, timeout=timeout)

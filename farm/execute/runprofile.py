@@ -217,13 +217,13 @@ def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str,
     return argv, outputs
 
 
-def build_command(bundle: Bundle, request: RunRequest, workspace: str, run_id: str,
+def build_command(bundle: Bundle, request: RunRequest, workspace: str, out_name: str,
                   dialect: Dialect | str | None = None) -> RunnerCommand:
     """The device command: cd into the bundle workspace, export the library paths, record the pid
     (``exec`` keeps it: the pid of the shell *is* the runner's, so a timeout can kill exactly it)."""
-    if not run_id or "/" in run_id or run_id.startswith("."):
-        raise UsageError(f"run id {run_id!r} must be a plain name")
-    out_rel = posixpath.join("runs", run_id)
+    if not out_name or "/" in out_name or out_name.startswith("."):
+        raise UsageError(f"output folder name {out_name!r} must be a plain name")
+    out_rel = posixpath.join("runs", out_name)
     argv, outputs = runner_argv(bundle, request, out_rel, dialect)
     out_dir = posixpath.join(workspace, out_rel)
     shell = (f"cd {shlex.quote(workspace)} && export LD_LIBRARY_PATH=. ADSP_LIBRARY_PATH=. && "

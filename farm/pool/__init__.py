@@ -1,5 +1,6 @@
 """The shared device pool: leases with expiry, a priority wait queue and device health, on SQLite (one
-host) or PostgreSQL (many hosts). See farm.pool.leases for the API."""
+host) or PostgreSQL (many hosts). See farm.pool.leases for the API, farm.pool.hold for holding a lease
+(heartbeat, fence, release) and farm.config.PoolConfig for its settings."""
 
 from farm.pool.leases import Lease, Pool
 from farm.pool.model import (AVAILABLE, LEASED, OFFLINE, PRIORITIES, QUARANTINED, DeviceRecord,

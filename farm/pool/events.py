@@ -7,10 +7,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from farm.db.base import Store
+from farm.vocab import EventKind
 
-# Pool event kinds that tell of trouble with the infrastructure, as results name them.
-INFRA_EVENT_KINDS = {"quarantined": "quarantine", "offline": "offline", "expired": "release-lost",
-                     "infra_failure": "infra-failure", "online": "online", "restored": "restored"}
+# The kinds a run's report lists among its infrastructure events.
+INFRA_EVENT_KINDS = tuple(k for k in EventKind if k.infra_name is not None)
 
 
 def infra_events(store: Store, after_id: int, socs: Sequence[str]) -> list[dict[str, Any]]:
@@ -27,7 +27,7 @@ def infra_events(store: Store, after_id: int, socs: Sequence[str]) -> list[dict[
     with store.read() as txn:
         rows = txn.all(sql, [after_id, *kinds, *socs])
     return [{"at": datetime.fromtimestamp(r["at"], timezone.utc).isoformat(timespec="seconds"),
-             "serial": r["serial"], "kind": INFRA_EVENT_KINDS[r["kind"]], "reason": r["detail"]}
+             "serial": r["serial"], "kind": EventKind(r["kind"]).infra_name, "reason": r["detail"]}
             for r in rows]
 
 

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Self
 
-from farm.config import DEFAULT_LIVENESS_S, FarmConfig
+from farm.config import FarmConfig, PoolConfig
 from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError, UsageError
 from farm.pool import health
 from farm.pool.model import (
@@ -56,6 +56,7 @@ from farm.pool.rows import (
     queue_from_row,
     reclaim_expired,
     set_state,
+    token_problem,
 )
 from farm.db.base import Listener, Store, Txn
 from farm.db.connect import open_store
@@ -160,47 +161,49 @@ def _grant(txn: Txn, device: DeviceRecord, entry: QueueEntry) -> str:
 class Pool:
     """A handle on the shared pool. Thread-safe; open one per process."""
 
-    def __init__(self, store: Store, *, quarantine_after: int = 3, default_ttl_s: float = 300.0,
-                 default_timeout_s: float = 600.0, poll_s: float = DEFAULT_POLL_S,
-                 waiter_stale_s: float = 30.0,
+    def __init__(self, store: Store, settings: PoolConfig | None = None, *,
+                 poll_s: float = DEFAULT_POLL_S, waiter_stale_s: float = 30.0,
                  failure_window_s: float = DEFAULT_FAILURE_WINDOW_S,
-                 liveness_s: float | None = DEFAULT_LIVENESS_S,
                  device_tags: Mapping[str, Sequence[str]] | None = None):
-        """``liveness_s``: a device is leased only if it was seen (found by a sync, or a success
-        recorded on it) within this many seconds; an available one not seen for longer goes offline
-        until a sync finds it again. None: no bound. ``device_tags``: serial -> tags from the farm
-        config, applied by ``sync`` (None: a sync leaves the pool's config tags alone)."""
+        """``settings``: the config's [pool] (farm.config.PoolConfig; None: its defaults), of which
+        the pool uses the default TTL and acquire timeout, ``quarantine_after`` and ``liveness_s``: a
+        device is leased only if it was seen (found by a sync, or a success recorded on it) within
+        that many seconds; an available one not seen for longer goes offline until a sync finds it
+        again (None: no bound). ``device_tags``: serial -> tags from the farm config, applied by
+        ``sync`` (None: a sync leaves the pool's config tags alone). The keywords are the pool's own
+        tuning, which no config sets."""
+        self.settings = settings if settings is not None else PoolConfig(url=store.url)
+        liveness_s = self.settings.liveness_s
         if liveness_s is not None and not 0 < liveness_s < float("inf"):
             raise ValueError(f"liveness_s must be finite and > 0, got {liveness_s}")
         self.liveness_s = liveness_s
         self.device_tags = None if device_tags is None else \
             {serial: tuple(tags) for serial, tags in device_tags.items()}
         self.store = store
-        self.quarantine_after = quarantine_after
+        self.quarantine_after = self.settings.quarantine_after
         if not 0 <= failure_window_s < float("inf"):
             raise ValueError(f"failure_window_s must be finite and >= 0, got {failure_window_s}")
         self.failure_window_s = failure_window_s
-        self.default_ttl_s = default_ttl_s
-        self.default_timeout_s = default_timeout_s
+        self.default_ttl_s = self.settings.lease_ttl_s
+        self.default_timeout_s = self.settings.acquire_timeout_s
         self.poll_s = poll_s
         self.waiter_stale_s = waiter_stale_s
         self._stale_checked = 0.0
 
     @classmethod
-    def open(cls, url: str, *, connect_timeout_s: float = 10.0, lock_timeout_s: float = 30.0,
-             **options: Any) -> Pool:
-        """Connect to the pool at ``url`` and create or migrate its schema."""
+    def open(cls, url: str, settings: PoolConfig | None = None, *, connect_timeout_s: float = 10.0,
+             lock_timeout_s: float = 30.0, **options: Any) -> Pool:
+        """Connect to the pool at ``url`` and create or migrate its schema; it leases as ``settings``
+        (the config's [pool], e.g. ``config.pool``; None: the defaults) says. The URL is ``url``, not
+        ``settings.url``: a virtual run opens a pool of its own with the configured settings."""
         return cls(open_store(url, connect_timeout_s=connect_timeout_s,
-                              lock_timeout_s=lock_timeout_s), **options)
+                              lock_timeout_s=lock_timeout_s), settings, **options)
 
     @classmethod
     def from_config(cls, config: FarmConfig, **options: Any) -> Pool:
-        options.setdefault("quarantine_after", config.pool.quarantine_after)
-        options.setdefault("default_ttl_s", config.pool.lease_ttl_s)
-        options.setdefault("default_timeout_s", config.pool.acquire_timeout_s)
-        options.setdefault("liveness_s", config.pool.liveness_s)
+        """The configured pool: its URL and settings, with the config's device tags."""
         options.setdefault("device_tags", config.device_tags)
-        return cls.open(config.pool.url, **options)
+        return cls.open(config.pool.url, config.pool, **options)
 
     def close(self) -> None:
         self.store.close()
@@ -501,7 +504,7 @@ class Pool:
                         (txn.now, txn.now + ttl_s, token))
                 row.update(renewed=txn.now, expires=txn.now + ttl_s)
                 return lease_from_row(row)
-            problem = self._token_problem(txn, token, row)
+            problem = token_problem(txn, token, row)
         raise LeaseError(f"cannot renew: {problem}")
 
     def release(self, token: str) -> LeaseInfo:
@@ -512,21 +515,8 @@ class Pool:
                 end_lease(txn, row, "released")
                 row.update(ended=txn.now, end_reason="released")
                 return lease_from_row(row)
-            problem = self._token_problem(txn, token, row)
+            problem = token_problem(txn, token, row)
         raise LeaseError(f"cannot release: {problem}")
-
-    @staticmethod
-    def _token_problem(txn: Txn, token: str, row: dict[str, Any] | None) -> str:
-        if row is None:
-            return f"lease token {token!r} is unknown to this pool (mistyped, or another pool's)"
-        text = f"lease {token} on {row['serial']} was {row['end_reason']} {txn.now - row['ended']:.1f}s ago"
-        if row["end_reason"] == "expired":
-            text += (f" (not renewed within its TTL of {row['expires'] - row['renewed']:g}s: "
-                     f"holder stalled or died)")
-        current = txn.one("SELECT * FROM leases WHERE serial = ? AND ended IS NULL", (row["serial"],))
-        if current is not None:
-            text += f"; {row['serial']} is now held by {lease_from_row(current).holder.describe()}"
-        return text
 
     # -- health --------------------------------------------------------------------------------
 

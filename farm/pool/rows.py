@@ -119,3 +119,30 @@ def reclaim_expired(txn: Txn) -> int:
         end_lease(txn, lease, "expired")
     return len(expired)
 
+
+
+def token_problem(txn: Txn, token: str, row: dict[str, Any] | None, serial: str | None = None) -> str:
+    """Why ``token`` holds no lease (``row``: its leases row, None when the pool has none).
+
+    For the pool's own refusals (renew, release) the whole story: when the lease ended, why an expired
+    one did, and who holds its device now. Asked on behalf of ``serial`` (a holder about to act on that
+    device, whose caller says who holds it now: ``farm run --lease``), the short one: unknown, another
+    device's, or how it ended."""
+    if serial is not None:
+        if row is None:
+            return f"lease {token[:8]} is unknown to this pool"
+        if row["serial"] != serial:
+            return f"lease {token[:8]} is for {row['serial']}, not {serial}"
+        # How it ended is its last event; a lease still live (granted since the caller looked) has
+        # only been leased.
+        return f"lease {token[:8]} ended ({row['end_reason'] if row['ended'] is not None else 'leased'})"
+    if row is None:
+        return f"lease token {token!r} is unknown to this pool (mistyped, or another pool's)"
+    text = f"lease {token} on {row['serial']} was {row['end_reason']} {txn.now - row['ended']:.1f}s ago"
+    if row["end_reason"] == "expired":
+        text += (f" (not renewed within its TTL of {row['expires'] - row['renewed']:g}s: "
+                 f"holder stalled or died)")
+    current = txn.one("SELECT * FROM leases WHERE serial = ? AND ended IS NULL", (row["serial"],))
+    if current is not None:
+        text += f"; {row['serial']} is now held by {lease_from_row(current).holder.describe()}"
+    return text

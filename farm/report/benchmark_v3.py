@@ -24,7 +24,8 @@ from typing import Any
 
 from farm.results.gate import GateResult, PointKey, measurements_of
 from farm.report.qualification import devices_of
-from farm.results.records import ErrorKind, Outcome, RunResults, TestRecord
+from farm.results.records import QualificationResults, TestRecord
+from farm.vocab import ErrorKind, Outcome
 
 __all__ = ["FORMAT", "records"]
 
@@ -62,7 +63,7 @@ def _runner(record: TestRecord, devices: dict[str, Any], virtual_run: bool) -> d
     }
 
 
-def records(run: RunResults, gate: GateResult | None = None) -> list[dict[str, Any]]:
+def records(run: QualificationResults, gate: GateResult | None = None) -> list[dict[str, Any]]:
     """Every v3 record of the run (throughput points, FAILURE_REPORT and ERROR_REPORT)."""
     meta = run.meta
     devices = {d.serial: d for d in devices_of(run)}

@@ -14,7 +14,7 @@ from typing import Any
 from farm.report import plots
 from farm.results.gate import GateVerdict, PointResult
 from farm.report.qualification import (
-    Qualification,
+    QualificationReport,
     cell_text,
     error_label,
     facts,
@@ -23,7 +23,7 @@ from farm.report.qualification import (
     gate_line,
     outcome_label,
 )
-from farm.results.records import Outcome
+from farm.vocab import Outcome
 
 __all__ = ["render_html"]
 
@@ -85,7 +85,7 @@ def _samples(p: PointResult) -> str:
     return f"now ({len(p.now)}): {now}\nbaseline ({0 if p.base is None else len(p.base)}): {base}"
 
 
-def _throughput(q: Qualification) -> str:
+def _throughput(q: QualificationReport) -> str:
     rows = []
     for p in q.throughput:
         threshold = "-" if p.threshold is None else f"{p.threshold:g} " + ("ok" if p.threshold_ok else "BELOW")
@@ -102,14 +102,14 @@ def _throughput(q: Qualification) -> str:
                    "baseline median", "delta", "gate", "p", "P(now>base)", "why / samples"], rows, raw=True)
 
 
-def _plots(q: Qualification) -> str:
+def _plots(q: QualificationReport) -> str:
     drawn = [plots.tok_s_by_soc(q.throughput), plots.tok_s_vs_seq_len(q.throughput),
              plots.baseline_vs_now(q.throughput)]
     svgs = [s for s in drawn if s]
     return f'<div class="plots">{"".join(svgs)}</div>' if svgs else '<p class="note">no plots: nothing measured</p>'
 
 
-def _problems(q: Qualification) -> str:
+def _problems(q: QualificationReport) -> str:
     out = []
     if q.failures:
         rows = [[td(r.soc or "-"), td(r.serial or "-"), f'<td class="mono">{e(r.name)}</td>',
@@ -125,7 +125,7 @@ def _problems(q: Qualification) -> str:
     return "".join(out)
 
 
-def _correctness(q: Qualification) -> str:
+def _correctness(q: QualificationReport) -> str:
     rows = q.correctness
     if not rows:
         return '<p class="note">no correctness tests in this run</p>'
@@ -136,7 +136,7 @@ def _correctness(q: Qualification) -> str:
                   raw=True)
 
 
-def render_html(q: Qualification) -> str:
+def render_html(q: QualificationReport) -> str:
     title, why = q.headline
     m = q.meta
     bundle = m.get("bundle_name", "?")
@@ -148,9 +148,9 @@ def render_html(q: Qualification) -> str:
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
         "style-src 'unsafe-inline'; img-src data:\">",
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{e(f'Qualification of {bundle}: {title}{partial}')}</title>",
+        f"<title>{e(f'QualificationReport of {bundle}: {title}{partial}')}</title>",
         f"<style>{CSS}</style></head><body>",
-        f"<h1>Qualification of {e(bundle)}</h1>",
+        f"<h1>QualificationReport of {e(bundle)}</h1>",
         f'<div class="banner {EXIT_CLASS[int(q.exit_code)]}" id="verdict"><b>{e(title + partial)}</b>'
         f"{e(why)} (exit code {int(q.exit_code)})</div>",
         '<dl class="facts">' + "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in facts(q))

@@ -13,7 +13,8 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from farm.results.records import ErrorKind, Outcome, TestRecord
+from farm.results.records import TestRecord
+from farm.vocab import ErrorKind, Outcome
 
 
 def safe_file_name(name: str) -> str:

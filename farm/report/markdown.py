@@ -1,6 +1,6 @@
 """The Markdown of a run: the release qualification report (report.md) and the run summary (summary.md).
 
-``render_markdown`` renders a ``Qualification`` (farm.report.qualification) for a CI step summary or
+``render_markdown`` renders a ``QualificationReport`` (farm.report.qualification) for a CI step summary or
 a release ticket; ``summary_markdown`` is the short per-test table every report directory carries.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from farm.report.qualification import (
-    Qualification,
+    QualificationReport,
     cell_text,
     error_label,
     facts,
@@ -18,7 +18,8 @@ from farm.report.qualification import (
     gate_line,
     outcome_label,
 )
-from farm.results.records import Outcome, TestRecord, Verdict, verdict
+from farm.results.records import TestRecord, verdict
+from farm.vocab import Outcome, Verdict
 
 
 def _md(text: Any, limit: int = 300) -> str:
@@ -34,10 +35,10 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return lines + [""]
 
 
-def render_markdown(q: Qualification) -> str:
+def render_markdown(q: QualificationReport) -> str:
     title, why = q.headline
     partial = " (partial)" if q.interrupted else ""
-    lines = [f"# Qualification of {_md(q.meta.get('bundle_name', '?'))}: {title}{partial}", "",
+    lines = [f"# QualificationReport of {_md(q.meta.get('bundle_name', '?'))}: {title}{partial}", "",
              f"**{why}.** Exit code {int(q.exit_code)}.", ""]
     lines += [f"- {label}: {_md(value)}" for label, value in facts(q)]
     lines += [f"- regression gate: {_md(gate_line(q))}"]
@@ -96,7 +97,7 @@ def summary_markdown(records: list[TestRecord], meta: dict[str, Any]) -> str:
     title = {Verdict.PASS: "PASS", Verdict.FAIL: "FAIL", Verdict.INFRA_ERROR: "INFRA ERROR",
              Verdict.BAD_INPUT: "BAD INPUT"}[v]
     partial = " (PARTIAL: the run was interrupted)" if meta.get("partial") else ""
-    lines = [f"# Qualification: {title}{partial}", "",
+    lines = [f"# QualificationReport: {title}{partial}", "",
              f"- bundle: `{meta.get('bundle_name', '?')}` (sha256 `{meta.get('bundle_digest', '?')[:16]}`,"
              f" dialect {meta.get('runner_dialect', '?')})",
              f"- run: `{meta.get('run_id', '?')}` at {meta.get('started_at', '?')}, "

@@ -13,10 +13,11 @@ import re
 from collections import defaultdict
 
 from farm.results.gate import PointResult, PointVerdict
+from farm.vocab import Updater
 
 __all__ = ["baseline_vs_now", "tok_s_by_soc", "tok_s_vs_seq_len"]
 
-COLORS = {"SmartMask": "#1f77b4", "ShiftPointer": "#ff7f0e"}
+COLORS = {Updater.SMART_MASK: "#1f77b4", Updater.SHIFT_POINTER: "#ff7f0e"}
 VERDICT_COLORS = {PointVerdict.REGRESSED: "#c62828", PointVerdict.IMPROVED: "#2e7d32",
                   PointVerdict.UNCHANGED: "#555555", PointVerdict.INCONCLUSIVE: "#b26a00",
                   PointVerdict.NEW: "#555555"}

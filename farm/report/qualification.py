@@ -1,6 +1,6 @@
 """The release qualification report's content: the view model every format renders.
 
-``Qualification`` is what a release manager reads, whatever the format: the verdict first, the SoC x
+``QualificationReport`` is what a release manager reads, whatever the format: the verdict first, the SoC x
 suite matrix, correctness per SoC/mode/seq_len/prompt with the first divergence, throughput per point
 with the regression gate's verdict, the devices, the infrastructure events, the bundle's manifest.
 ``farm.report.html`` renders it as a page, ``farm.report.markdown`` as Markdown (a CI step summary, a
@@ -21,7 +21,8 @@ from typing import Any
 
 from farm.exitcodes import ExitCode
 from farm.results.gate import GateResult, GateVerdict, PointResult, evaluate, exit_code
-from farm.results.records import ErrorKind, Outcome, RunResults, TestRecord, verdict
+from farm.results.records import QualificationResults, TestRecord, verdict
+from farm.vocab import ErrorKind, Outcome
 
 HEADLINES = {
     ExitCode.OK: ("PASS", "every test passed and no throughput regressed"),
@@ -52,7 +53,7 @@ class CorrectnessRow:
 
 
 @dataclass
-class Device:
+class DeviceRow:
     serial: str
     soc: str
     model: str = ""
@@ -80,9 +81,9 @@ class ManifestFile:
 
 
 @dataclass
-class Qualification:
-    run: RunResults
-    baseline: RunResults | None
+class QualificationReport:
+    run: QualificationResults
+    baseline: QualificationResults | None
     gate: GateResult
     notes: list[str] = field(default_factory=list)
 
@@ -148,7 +149,7 @@ class Qualification:
         return self.gate.points
 
     @property
-    def devices(self) -> list[Device]:
+    def devices(self) -> list[DeviceRow]:
         return devices_of(self.run)
 
     @property
@@ -160,14 +161,14 @@ class Qualification:
         return manifest_of(self.run)
 
 
-def qualification(run: RunResults, baseline: RunResults | None = None, gate: GateResult | None = None,
-                  **gate_config) -> Qualification:
+def qualification_report(run: QualificationResults, baseline: QualificationResults | None = None, gate: GateResult | None = None,
+                  **gate_config) -> QualificationReport:
     """The report's content for ``run`` (against ``baseline``; the gate is evaluated unless given)."""
     if gate is None:
         from farm.results.gate import GateConfig
 
         gate = evaluate(run, baseline, GateConfig(**gate_config))
-    return Qualification(run, baseline, gate)
+    return QualificationReport(run, baseline, gate)
 
 
 # -- extraction ---------------------------------------------------------------------------------------
@@ -205,7 +206,7 @@ def correctness_row(record: TestRecord) -> CorrectnessRow:
                           record.message, record.error_kind)
 
 
-def devices_of(run: RunResults) -> list[Device]:
+def devices_of(run: QualificationResults) -> list[DeviceRow]:
     """meta.devices when the run recorded them; otherwise what the records say of their devices."""
     listed = run.meta.get("devices")
     if isinstance(listed, list) and listed:
@@ -214,19 +215,19 @@ def devices_of(run: RunResults) -> list[Device]:
             if not isinstance(d, dict) or "serial" not in d:
                 raise ValueError(f"run {run.meta.get('run_id', '?')}: meta.devices[{i}] is not a device "
                                  f"with a serial: {d!r}")
-            out.append(Device(str(d["serial"]), str(d.get("soc") or ""), str(d.get("model") or ""),
+            out.append(DeviceRow(str(d["serial"]), str(d.get("soc") or ""), str(d.get("model") or ""),
                               str(d.get("android") or ""), str(d.get("htp_arch") or ""), d.get("virtual")))
         return sorted(out, key=lambda d: (d.soc, d.serial))
-    seen: dict[str, Device] = {}
+    seen: dict[str, DeviceRow] = {}
     for r in run.records:
         if r.serial and r.serial not in seen:
             virtual = r.properties.get("virtual")
-            seen[r.serial] = Device(r.serial, r.soc or "", htp_arch=r.properties.get("htp_arch", ""),
+            seen[r.serial] = DeviceRow(r.serial, r.soc or "", htp_arch=r.properties.get("htp_arch", ""),
                                     virtual=run.meta.get("virtual") if virtual is None else virtual == "true")
     return sorted(seen.values(), key=lambda d: (d.soc, d.serial))
 
 
-def infra_events_of(run: RunResults) -> list[InfraEvent]:
+def infra_events_of(run: QualificationResults) -> list[InfraEvent]:
     """The run's infrastructure events (meta.infra_events: re-leases, quarantines) and every spoiled
     attempt of a test, oldest first where a time is known."""
     events = []
@@ -240,7 +241,7 @@ def infra_events_of(run: RunResults) -> list[InfraEvent]:
     return events
 
 
-def manifest_of(run: RunResults) -> list[ManifestFile]:
+def manifest_of(run: QualificationResults) -> list[ManifestFile]:
     """meta.manifest as a list of files; a path (older results) is read if it is still there."""
     raw = run.meta.get("manifest")
     if isinstance(raw, str) and raw:
@@ -291,7 +292,7 @@ def outcome_label(outcome: Outcome, error_kind: ErrorKind | None = None) -> str:
     return str(outcome)
 
 
-def facts(q: Qualification) -> list[tuple[str, str]]:
+def facts(q: QualificationReport) -> list[tuple[str, str]]:
     """(label, value) of the run, in the order a reader wants them."""
     m = q.meta
     digest = str(m.get("bundle_digest") or "")
@@ -314,7 +315,7 @@ def facts(q: Qualification) -> list[tuple[str, str]]:
     ]
 
 
-def gate_line(q: Qualification) -> str:
+def gate_line(q: QualificationReport) -> str:
     g = q.gate
     c = g.config
     if g.verdict == GateVerdict.NO_BASELINE:

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from farm.errors import UsageError
-from farm.exitcodes import ExitCode
-from farm.results.records import Measurement, Outcome, RunResults, TestRecord, Verdict
+from farm.exitcodes import ExitCode, for_verdict
+from farm.results.records import Measurement, QualificationResults, TestRecord
+from farm.vocab import Outcome, Verdict
 
 __all__ = ["GateConfig", "GateResult", "GateVerdict", "PointKey", "PointResult", "PointVerdict",
            "compare_samples", "evaluate", "exit_code", "measurements_of", "min_p_value", "points_of"]
@@ -206,7 +207,7 @@ def measurements_of(record: TestRecord, run_id: str = "?") -> list[Measurement]:
             for updater, text in sorted(runs.items())]
 
 
-def points_of(run: RunResults) -> dict[PointKey, Samples]:
+def points_of(run: QualificationResults) -> dict[PointKey, Samples]:
     """Every point of the run with its pooled samples. Records that erred are left out: the farm could
     not vouch for what they measured (an infrastructure error is never evidence of speed)."""
     run_id = str(run.meta.get("run_id", "?"))
@@ -276,7 +277,7 @@ def compare_samples(now: list[float], base: list[float], config: GateConfig = Ga
             f"{size} but p = {p:.3g} >= {config.alpha:g}: too noisy to tell, run more")
 
 
-def evaluate(run: RunResults, baseline: RunResults | None, config: GateConfig = GateConfig()) -> GateResult:
+def evaluate(run: QualificationResults, baseline: QualificationResults | None, config: GateConfig = GateConfig()) -> GateResult:
     """The gate for ``run`` against ``baseline`` (None: no baseline, every point ``new``)."""
     now_points = points_of(run)
     base_points = points_of(baseline) if baseline is not None else {}
@@ -314,4 +315,4 @@ def exit_code(run_verdict: Verdict | str, gate: GateResult | None, *, interrupte
         return ExitCode.TEST_FAILURE
     if gate is not None and gate.failed:
         return ExitCode.REGRESSION
-    return run_verdict.exit_code
+    return for_verdict(run_verdict)

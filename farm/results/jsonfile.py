@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import UsageError
-from farm.results.records import RESULTS_SCHEMA_VERSION, RunResults, TestRecord, tool_version
+from farm.results.records import RESULTS_SCHEMA_VERSION, QualificationResults, TestRecord, tool_version
 
 
 RESULTS_FORMAT = f"ptefarm-results/{RESULTS_SCHEMA_VERSION}"
@@ -34,8 +34,8 @@ def results_json(records: list[TestRecord], meta: dict[str, Any]) -> str:
     return json.dumps(body, indent=2, ensure_ascii=False)
 
 
-def load_results(path: str | os.PathLike) -> RunResults:
-    """A results.json (or a report directory holding one) as RunResults; formats 1 and 2. Anything
+def load_results(path: str | os.PathLike) -> QualificationResults:
+    """A results.json (or a report directory holding one) as QualificationResults; formats 1 and 2. Anything
     else is a UsageError naming the file and what is wrong with it."""
     path = Path(path)
     if path.is_dir():
@@ -65,6 +65,6 @@ def load_results(path: str | os.PathLike) -> RunResults:
             raise UsageError(f"{path}: results[{i}] is not a test record: {e}") from None
     # A version-1 meta is returned as it is (its manifest a path, no purpose): readers default what
     # it lacks (the store saves it as purpose adhoc), rather than this loader inventing values.
-    return RunResults(meta=meta, records=records)
+    return QualificationResults(meta=meta, records=records)
 
 

@@ -17,19 +17,16 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from farm.vocab import Outcome
+from farm.vocab import ErrorKind, Outcome, Verdict
 
-__all__ = ["PURPOSES", "RESULTS_SCHEMA_VERSION", "UNITS", "Attempt", "ErrorKind", "Measurement",
-           "Outcome", "ResultLog", "RunResults", "TestRecord", "Verdict", "tool_version", "verdict"]
+__all__ = ["RESULTS_SCHEMA_VERSION", "UNITS", "Attempt", "Measurement", "ResultLog", "QualificationResults",
+           "TestRecord", "tool_version", "verdict"]
 
 # The version of the results.json layout (farm.report) and of a run the results store keeps.
 RESULTS_SCHEMA_VERSION = 2
-# Why a run was made; the results store and `farm history --purpose` filter on it.
-PURPOSES = ("pr", "nightly", "release", "adhoc")
 # The unit of every metric the farm's suites and records carry (results.json meta.units).
 UNITS = {"tok_s": "tok/s", "duration_s": "s"}
 
@@ -42,29 +39,6 @@ def tool_version() -> str:
         return version("ptefarm")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown"
-
-
-class ErrorKind(StrEnum):
-    """Why a record is an ``error``: the infrastructure failed, or the input cannot work."""
-
-    INFRA = "infra"
-    USAGE = "usage"
-
-
-class Verdict(StrEnum):
-    """A whole run. ``farm qualify`` exits 0, 1, 3, 2 for these (and 130 when interrupted)."""
-
-    PASS = "pass"
-    FAIL = "fail"
-    INFRA_ERROR = "infra-error"
-    BAD_INPUT = "bad-input"
-
-    @property
-    def exit_code(self) -> int:
-        from farm.exitcodes import ExitCode
-
-        return {Verdict.PASS: ExitCode.OK, Verdict.FAIL: ExitCode.TEST_FAILURE,
-                Verdict.BAD_INPUT: ExitCode.BAD_INPUT, Verdict.INFRA_ERROR: ExitCode.INFRA}[self]
 
 
 @dataclass
@@ -96,7 +70,7 @@ class Measurement:
 
 
 @dataclass
-class RunResults:
+class QualificationResults:
     """One run as the report writers and the results store exchange it: ``meta`` is the run
     (run_id, purpose, git_revision, bundle_name, bundle_digest, runner_dialect, started_at, ended_at,
     wall_s, verdict, virtual, tool_version, devices, manifest, infra_events, ...), ``records`` its tests."""

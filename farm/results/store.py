@@ -36,19 +36,10 @@ from typing import Any, Self
 from farm.errors import UsageError
 from farm.db.base import Store, Txn
 from farm.db.connect import open_store
-from farm.results.records import (
-    PURPOSES,
-    RESULTS_SCHEMA_VERSION,
-    Attempt,
-    ErrorKind,
-    Measurement,
-    Outcome,
-    RunResults,
-    TestRecord,
-    Verdict,
-)
+from farm.results.records import RESULTS_SCHEMA_VERSION, Attempt, Measurement, QualificationResults, TestRecord
+from farm.vocab import PURPOSES, ErrorKind, Outcome, Verdict
 
-__all__ = ["Baseline", "ResultsStore", "RunSummary", "results_url"]
+__all__ = ["Baseline", "ResultsStore", "QualificationSummary", "results_url"]
 
 BASELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}")
 DAY_S = 86400.0
@@ -71,7 +62,7 @@ class Baseline:
 
 
 @dataclass(frozen=True)
-class RunSummary:
+class QualificationSummary:
     """One line of ``farm history``."""
 
     run_id: str
@@ -114,7 +105,7 @@ def _json(value: Any, where: str) -> str:
         raise UsageError(f"{where}: cannot be stored as JSON: {e}") from None
 
 
-def _check_run(run: RunResults) -> str:
+def _check_run(run: QualificationResults) -> str:
     """The run's id, once every field the tables need is of the right kind."""
     meta = run.meta
     if not isinstance(meta, dict):
@@ -176,7 +167,7 @@ class ResultsStore:
         return self.store.display_url
 
     # -- writing ----------------------------------------------------------------------------------
-    def save_run(self, run: RunResults) -> None:
+    def save_run(self, run: QualificationResults) -> None:
         """Save ``run`` in one transaction, replacing a run saved before under its id."""
         run_id = _check_run(run)
         meta = run.meta
@@ -261,7 +252,7 @@ class ResultsStore:
         return doomed
 
     # -- reading ----------------------------------------------------------------------------------
-    def load_run(self, run_id: str) -> RunResults:
+    def load_run(self, run_id: str) -> QualificationResults:
         """The run exactly as it was saved; a run that is not stored is a UsageError naming it."""
         with self.store.read() as txn:
             return self._load(txn, run_id)
@@ -272,7 +263,7 @@ class ResultsStore:
         hint = f" (latest: {', '.join(latest)})" if latest else " (it holds no run)"
         return f"run {run_id!r} is not in the results store at {self.where}{hint}"
 
-    def _load(self, txn: Txn, run_id: str) -> RunResults:
+    def _load(self, txn: Txn, run_id: str) -> QualificationResults:
         row = txn.one("SELECT meta FROM runs WHERE run_id = ?", (run_id,))
         if row is None:
             raise UsageError(self._no_run(txn, run_id))
@@ -293,10 +284,10 @@ class ResultsStore:
                 attempts=[Attempt(**a) for a in json.loads(r["attempts"])],
                 properties=json.loads(r["properties"]), finished_at=r["finished_at"],
                 measurements=measured.get(int(r["seq"]), [])))
-        return RunResults(meta=json.loads(row["meta"]), records=records)
+        return QualificationResults(meta=json.loads(row["meta"]), records=records)
 
     def list_runs(self, limit: int | None = 20, purpose: str | None = None,
-                  bundle: str | None = None, run_ids: Sequence[str] | None = None) -> list[RunSummary]:
+                  bundle: str | None = None, run_ids: Sequence[str] | None = None) -> list[QualificationSummary]:
         """The latest runs first, optionally of one purpose, one bundle name, or these ids."""
         if purpose is not None and purpose not in PURPOSES:
             raise UsageError(f"purpose {purpose!r} is not one of {', '.join(PURPOSES)}")
@@ -337,7 +328,7 @@ class ResultsStore:
                 for b in txn.all(f"SELECT name, run_id FROM baselines WHERE run_id IN ({marks}) "
                                  f"ORDER BY name", chunk):
                     names[b["run_id"]].append(b["name"])
-        return [RunSummary(
+        return [QualificationSummary(
             run_id=r["run_id"], started_at=r["started_at"], purpose=r["purpose"],
             bundle_name=r["bundle_name"], bundle_digest=r["bundle_digest"],
             git_revision=r["git_revision"], verdict=r["verdict"], virtual=bool(r["virtual"]),
@@ -366,12 +357,12 @@ class ResultsStore:
                              f"name one with: farm baseline set RUN --name NAME)")
         return Baseline(row["name"], row["run_id"], row["created"], row["created_by"])
 
-    def baseline(self, name: str) -> RunResults:
+    def baseline(self, name: str) -> QualificationResults:
         """The run baseline ``name`` names."""
         with self.store.read() as txn:
             return self._load(txn, self._baseline_row(txn, name).run_id)
 
-    def latest_baseline(self, bundle_name: str | None = None) -> tuple[Baseline, RunResults] | None:
+    def latest_baseline(self, bundle_name: str | None = None) -> tuple[Baseline, QualificationResults] | None:
         """The most recently named baseline (of a run of ``bundle_name``, when given), or None."""
         sql = ("SELECT b.* FROM baselines b JOIN runs r ON r.run_id = b.run_id"
                + (" WHERE r.bundle_name = ?" if bundle_name is not None else "")

@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     # its start-up is this module's imports.
     import argparse
 
+    from farm.vocab import Updater
+
     class Parser(argparse.ArgumentParser):
         def error(self, message: str):  # one line, never a usage dump
             raise UsageError(message)
@@ -51,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(p, "seq_len", type=int, default=128, help="prompt + generated tokens")
     _flag(p, "temperature", type=float, default=0.8, help="0 = greedy argmax")
     _flag(p, "eval_mode", type=int, default=0, help="0 = kv, 1 = hybrid")
-    _flag(p, "kv_updater", default="SmartMask", help="SmartMask | ShiftPointer")
+    _flag(p, "kv_updater", default=Updater.SMART_MASK.value, help=" | ".join(Updater))
     _flag(p, "output_path", default="outputs.txt")
     _flag(p, "performance_output_path", default="inference_speed.txt")
     _flag(p, "num_iters", type=int, default=1)

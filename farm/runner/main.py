@@ -1,18 +1,9 @@
-"""`farm-llama-runner`: a host stand-in for qnn_llama_runner v1.0.1 with the same flags and output files.
-
-    farm-llama-runner --model_path kv_llama_xnnpack.pte --tokenizer_path tokenizer.model \\
-        --prompt "Once upon a time" --seq_len 64 --eval_mode 0 --kv_updater SmartMask
-
-Writes --output_path (echoed prompt + generated text, all iterations), --performance_output_path (one
-float: tokens/second of the last iteration, prefill included, as upstream) and prints one
-`PyTorchObserver {json}` line per iteration on stdout. Flags of ours: --token_ids_path (JSON with the
-prompt and generated token ids of the last iteration, so comparisons can be exact) and --seed.
-gflags spellings are accepted: `--flag value`, `--flag=value`, `-flag value`.
-Bad input: one line `farm-llama-runner: error: ...` on stderr and exit code 2.
+"""`farm-llama-runner`'s entry point: the run in a fork of the device's runner zygote when there is one,
+else in this process (farm.runner.cli has the flags and the run itself).
 
 With PTEFARM_RUNNER_ZYGOTE naming a zygote's socket, the run happens in a fork of that zygote, which
 imported torch once (farm/runner/zygote.py); same flags, outputs and exit codes. This module imports
-nothing heavy before that decision: torch comes with farm.runner.engine, in run().
+nothing heavy before that decision: torch comes with farm.runner.engine, in the run.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from farm.bundle.manifest import load
 from farm.cli.main import main
-from farm.exitcodes import ExitCode, for_error
+from farm.exitcodes import ExitCode, for_error, for_verdict
 from farm.pool import Holder, LeaseRequest, Pool
-from farm.results.records import Verdict
+from farm.vocab import Verdict
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
 from tests.support.devices import make_qnn_bundle
 from tests.support.pool import fake_device
@@ -77,7 +77,8 @@ def _interrupt(monkeypatch):
 def _throughput_run(out: Path, tok_s: float) -> Path:
     """A report directory of one passed throughput test with six samples around ``tok_s``."""
     from farm.report.directory import write_reports
-    from farm.results.records import Measurement, Outcome, TestRecord
+    from farm.results.records import Measurement, TestRecord
+    from farm.vocab import Outcome
 
     samples = [tok_s + d for d in (-0.3, -0.2, -0.1, 0.1, 0.2, 0.3)]
     record = TestRecord("suites/test_throughput.py::test_min_throughput[SM8650-kv-64-SmartMask]",
@@ -149,7 +150,7 @@ def test_every_command_exits_with_the_table(world, monkeypatch, name, code, args
 def test_the_table_is_covered_and_shared():
     assert {code for _, code, _, _ in ROWS} == set(ExitCode)
     assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 130]
-    assert {v: v.exit_code for v in Verdict} == {
+    assert {v: for_verdict(v) for v in Verdict} == {
         Verdict.PASS: ExitCode.OK, Verdict.FAIL: ExitCode.TEST_FAILURE,
         Verdict.BAD_INPUT: ExitCode.BAD_INPUT, Verdict.INFRA_ERROR: ExitCode.INFRA}
     from farm.errors import AdbServerDown, LeaseError, UsageError

@@ -10,7 +10,8 @@ import pytest
 
 from farm.cli.qualify import exit_code
 from farm.report.directory import write_reports
-from farm.results.records import Attempt, ErrorKind, Outcome, TestRecord, Verdict, verdict
+from farm.results.records import Attempt, TestRecord, verdict
+from farm.vocab import ErrorKind, Outcome, Verdict
 from tests.support.plugin import explain, junit_cases, results_json
 
 
@@ -28,7 +29,7 @@ def test_farm_qualify_on_a_virtual_device(tmp_path, tiny_bundle):
     names = sorted(c.name for c in junit_cases(out))
     assert names == ["test_device_answers[SM8650]", "test_min_throughput[SM8650-kv-64-SmartMask]",
                      "test_updaters_agree[SM8650-kv-story]"]
-    assert (out / "summary.md").read_text().startswith("# Qualification: PASS")
+    assert (out / "summary.md").read_text().startswith("# QualificationReport: PASS")
     assert [p.name for p in out.rglob("*.xml")] == [p.name for p in (out / "junit").glob("*.xml")]
     assert results_json(out)["meta"]["verdict"] == "pass"
 
@@ -134,14 +135,14 @@ def test_a_slowed_device_regresses_against_its_baseline(virtual_farm, tiny_bundl
     same = _qualify_on(config, tiny_bundle, tmp_path / "same", tmp_path, *gate)
     assert same.returncode == 0, explain(same)
     md = (tmp_path / "same" / "report.md").read_text()
-    assert md.startswith("# Qualification of reference-tiny: PASS"), md
+    assert md.startswith("# QualificationReport of reference-tiny: PASS"), md
     assert "| SM8650 | kv | 64 | SmartMask | 5 |" in md and "| unchanged |" in md, md
 
     virtual_farm.set_faults(dev.serial, runner_delay_ms=60)
     slow = _qualify_on(config, tiny_bundle, tmp_path / "slow", tmp_path, *gate)
     assert slow.returncode == 4, explain(slow)  # every test passed: the gate failed
     md = (tmp_path / "slow" / "report.md").read_text()
-    assert md.startswith("# Qualification of reference-tiny: REGRESSION"), md
+    assert md.startswith("# QualificationReport of reference-tiny: REGRESSION"), md
     assert "| regressed |" in md, md
     assert results_json(tmp_path / "slow")["meta"]["verdict"] == "pass"  # the tests themselves passed
     html_text = (tmp_path / "slow" / "report.html").read_text()

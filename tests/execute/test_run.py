@@ -96,7 +96,7 @@ def test_hung_runner_is_killed_at_the_timeout(fake):
                 time.sleep(0.05)
 
     with alongside(read_pid), pytest.raises(DeviceTimeout):
-        run(device, bundle, RunRequest(prompts=["HANG"]), timeout=2, run_id="hang-1")
+        run(device, bundle, RunRequest(prompts=["HANG"]), timeout=2, out_name="hang-1")
     assert not run_dir.exists(), "the timed-out run's directory is left on the device"
     (pid,) = pids  # a pid of the device's own pid namespace: ask the device
 
@@ -128,4 +128,4 @@ def test_device_killed_mid_run_is_infra(tmp_path):
             vf.kill(record.serial)
 
         with alongside(kill_when_running), pytest.raises(InfraError):
-            run(device, bundle, RunRequest(prompts=["HANG"]), timeout=60, run_id="victim")
+            run(device, bundle, RunRequest(prompts=["HANG"]), timeout=60, out_name="victim")

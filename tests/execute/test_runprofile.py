@@ -101,6 +101,6 @@ def test_oversized_command_is_refused():
         build_command(_bundle("host"), RunRequest(prompts=["x" * 70_000]), "/w", "r")
 
 
-def test_run_id_must_be_a_plain_name():
-    with pytest.raises(UsageError, match="run id"):
+def test_the_output_folder_name_must_be_a_plain_name():
+    with pytest.raises(UsageError, match="output folder name"):
         build_command(_bundle("host"), RunRequest(prompts=["x"]), "/w", "../escape")

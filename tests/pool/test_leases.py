@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from farm.config import PoolConfig
 from farm.errors import LeaseError, LeaseTimeout, UsageError
 from farm.procs import wait_until
 from farm.pool import (
@@ -165,7 +166,7 @@ def test_quarantine_during_lease_outlives_it(pool):
 
 
 def test_consecutive_infra_failures_quarantine(pool_url):
-    with Pool.open(pool_url, quarantine_after=3, failure_window_s=0) as pool:
+    with Pool.open(pool_url, PoolConfig(quarantine_after=3), failure_window_s=0) as pool:
         pool.sync([fake_device("dev0")])
         assert not pool.record_infra_failure("dev0", "adb: device offline")
         assert not pool.record_infra_failure("dev0", "push timed out")

@@ -13,7 +13,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from farm.config import DEFAULT_WORKSPACE
+from farm.config import DEFAULT_WORKSPACE, PoolConfig
 from farm.errors import LeaseTimeout
 from farm.pool import AVAILABLE, OFFLINE, QUARANTINED, LeaseRequest, Pool
 from farm.procs import wait_until
@@ -34,7 +34,7 @@ def _device(pool, serial):
 
 
 def test_a_device_not_seen_within_the_bound_is_not_leased(pool_url):
-    with Pool.open(pool_url, liveness_s=0.5, poll_s=0.02) as pool:
+    with Pool.open(pool_url, PoolConfig(liveness_s=0.5), poll_s=0.02) as pool:
         pool.sync([fake_device("dev0")])
         time.sleep(0.7)
         with pytest.raises(LeaseTimeout, match="not seen for"):
@@ -51,7 +51,7 @@ def test_a_device_not_seen_within_the_bound_is_not_leased(pool_url):
 def test_a_waiter_is_served_when_a_sync_finds_the_device_again(pool_url):
     import threading
 
-    with Pool.open(pool_url, liveness_s=0.3, poll_s=0.02) as pool:
+    with Pool.open(pool_url, PoolConfig(liveness_s=0.3), poll_s=0.02) as pool:
         pool.sync([fake_device("dev0")])
         time.sleep(0.5)
         timer = threading.Timer(0.5, lambda: pool.sync([fake_device("dev0")]))
@@ -68,8 +68,8 @@ def two_devices(virtual_farm, pool_url):
     """Two live SM8650s on a farm whose pool has a 2 s liveness bound."""
     virtual_farm.up([VirtualDeviceSpec(soc="SM8650"), VirtualDeviceSpec(soc="SM8650")])
     address = FarmAddress(pool_url=pool_url, servers=(str(virtual_farm.adb_server),),
-                          workspace=DEFAULT_WORKSPACE, virtual=True, liveness_s=2.0)
-    with address.open_pool() as pool:
+                          workspace=DEFAULT_WORKSPACE, virtual=True)
+    with Pool.open(pool_url, PoolConfig(liveness_s=2.0)) as pool:
         farm = Farm(address=address, pool=pool)
         farm.sync()
         yield virtual_farm, farm, [d.serial for d in virtual_farm.devices]

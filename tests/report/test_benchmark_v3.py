@@ -14,7 +14,7 @@ import pytest
 
 from farm.report.benchmark_v3 import records
 from farm.results.gate import evaluate
-from farm.results.records import Outcome
+from farm.vocab import Outcome
 from tests.support.plugin import explain
 from tests.report.test_html import sample_run, write_results
 

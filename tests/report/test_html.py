@@ -19,8 +19,9 @@ import pytest
 
 from farm.report.html import render_html
 from farm.report.markdown import render_markdown
-from farm.report.qualification import qualification
-from farm.results.records import Attempt, ErrorKind, Measurement, Outcome, RunResults, TestRecord
+from farm.report.qualification import qualification_report
+from farm.results.records import Attempt, Measurement, QualificationResults, TestRecord
+from farm.vocab import ErrorKind, Outcome
 from tests.support.plugin import explain
 
 CHROMIUM = shutil.which("chromium")
@@ -41,7 +42,7 @@ def _spread(center: float, n: int = 6) -> list[float]:
     return [center + d for d in (-1.5, -0.5, 0.0, 0.4, 1.1, 1.8)[:n]]
 
 
-def sample_run(*, slow: float = 1.0, run_id: str = "run-now") -> RunResults:
+def sample_run(*, slow: float = 1.0, run_id: str = "run-now") -> QualificationResults:
     """Two SoCs, both updaters, a correctness failure with a hostile prompt, an infrastructure error."""
     records = []
     for soc, serial, speed in (("SM8650", "emu-8650", 100.0), ("SM8550", "emu-8550", 70.0)):
@@ -71,10 +72,10 @@ def sample_run(*, slow: float = 1.0, run_id: str = "run-now") -> RunResults:
                          {"name": "tokenizer.model", "sha256": "b" * 64, "size": 99, "role": "tokenizer"}],
             "infra_events": [{"at": "2025-01-01T10:02:00+0000", "serial": "emu-8550", "kind": "quarantine",
                               "reason": "3 infrastructure errors in a row"}]}
-    return RunResults(meta, records)
+    return QualificationResults(meta, records)
 
 
-def write_results(run: RunResults, out: Path) -> Path:
+def write_results(run: QualificationResults, out: Path) -> Path:
     """A report directory as farm qualify leaves it (results.json, v1 layout)."""
     out.mkdir(parents=True)
     body = {"format": "ptefarm-results/1", "meta": run.meta, "results": [r.to_json() for r in run.records]}
@@ -216,7 +217,7 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"
 
 @needs_chromium
 def test_report_renders_in_chromium_without_console_errors(tmp_path):
-    q = qualification(sample_run(slow=0.8), sample_run(run_id="run-base"))
+    q = qualification_report(sample_run(slow=0.8), sample_run(run_id="run-base"))
     page = tmp_path / "report.html"
     page.write_text(render_html(q))
     shot = tmp_path / "report.png"
@@ -239,7 +240,7 @@ def test_the_chromium_check_sees_console_errors_and_fetches(tmp_path):
 
 
 def test_html_is_self_contained_and_escapes_data():
-    text = render_html(qualification(sample_run(slow=0.8), sample_run(run_id="run-base")))
+    text = render_html(qualification_report(sample_run(slow=0.8), sample_run(run_id="run-base")))
     assert "<script" not in text.lower()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     assert "&lt;b&gt;bold&lt;/b&gt;" in text and "<b>bold</b>" not in text
@@ -249,7 +250,7 @@ def test_html_is_self_contained_and_escapes_data():
 
 
 def test_every_soc_and_both_updaters_appear_in_html_and_markdown():
-    q = qualification(sample_run(slow=0.8), sample_run(run_id="run-base"))
+    q = qualification_report(sample_run(slow=0.8), sample_run(run_id="run-base"))
     for text in (render_html(q), render_markdown(q)):
         for needle in ("SM8650", "SM8550", "SmartMask", "ShiftPointer", "Virtual SM8650", "kv_llama.pte",
                        "a" * 16, "quarantine", "DeviceTimeout: hung", "token 3", "hostile"):
@@ -257,9 +258,9 @@ def test_every_soc_and_both_updaters_appear_in_html_and_markdown():
 
 
 def test_verdict_comes_first_and_a_slowed_point_regresses():
-    q = qualification(sample_run(slow=0.8), sample_run(run_id="run-base"))
+    q = qualification_report(sample_run(slow=0.8), sample_run(run_id="run-base"))
     md = render_markdown(q)
-    assert md.startswith("# Qualification of reference-tiny: FAIL")  # the correctness failure wins
+    assert md.startswith("# QualificationReport of reference-tiny: FAIL")  # the correctness failure wins
     by = {(p.key.soc, p.key.updater, p.key.seq_len): p.verdict for p in q.gate.points}
     assert by[("SM8650", "SmartMask", 64)] == "regressed"
     assert by[("SM8550", "ShiftPointer", 64)] == "unchanged"
@@ -270,9 +271,9 @@ def test_verdict_comes_first_and_a_slowed_point_regresses():
 def test_an_infra_error_is_an_error_never_a_failure():
     run = sample_run()
     run.records = [r for r in run.records if r.outcome != Outcome.FAILED]  # only the infra error left
-    q = qualification(run, sample_run(run_id="run-base"))
+    q = qualification_report(run, sample_run(run_id="run-base"))
     md = render_markdown(q)
-    assert md.startswith("# Qualification of reference-tiny: INFRA ERROR")
+    assert md.startswith("# QualificationReport of reference-tiny: INFRA ERROR")
     assert "## Failures" not in md and "## Errors (no verdict" in md
     assert "| test_device_answers[SM8550] | infrastructure error |" in md
     html_text = render_html(q)
@@ -281,7 +282,7 @@ def test_an_infra_error_is_an_error_never_a_failure():
 
 
 def test_a_run_without_baseline_says_so():
-    q = qualification(sample_run(), None)
+    q = qualification_report(sample_run(), None)
     assert q.gate.verdict == "no-baseline"
     assert "no baseline" in render_markdown(q)
     assert render_html(q).count("<svg") == 2  # no baseline-vs-now plot
@@ -305,7 +306,7 @@ def test_farm_report_compare_writes_html_and_markdown_and_exits_with_the_gate(tm
                  cwd=tmp_path)
     assert proc.returncode == 4, explain(proc)
     assert proc.stdout.strip().splitlines()[-1] == str(tmp_path / "r" / "report.html")
-    assert (tmp_path / "r" / "report.md").read_text().startswith("# Qualification of reference-tiny: REGRESSION")
+    assert (tmp_path / "r" / "report.md").read_text().startswith("# QualificationReport of reference-tiny: REGRESSION")
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["report.html", "report.md"]
     # Without --out the report goes beside the run's results.
     proc = _farm("report", str(now), "--min-effect", "50", "--compare", str(base), cwd=tmp_path)

@@ -20,7 +20,8 @@ from farm.results.gate import (
     measurements_of,
     min_p_value,
 )
-from farm.results.records import ErrorKind, Measurement, Outcome, RunResults, TestRecord, Verdict
+from farm.results.records import Measurement, QualificationResults, TestRecord
+from farm.vocab import ErrorKind, Outcome, Verdict
 
 
 def _normal(mean: float, sd: float, n: int, seed: int) -> list[float]:
@@ -106,8 +107,8 @@ def _tput(soc: str, serial: str, updater: str, values: list[float], *, outcome=O
                                                              threshold)])
 
 
-def _run(run_id: str, records: list[TestRecord], **meta) -> RunResults:
-    return RunResults({"run_id": run_id, "bundle_name": "reference-tiny", **meta}, records)
+def _run(run_id: str, records: list[TestRecord], **meta) -> QualificationResults:
+    return QualificationResults({"run_id": run_id, "bundle_name": "reference-tiny", **meta}, records)
 
 
 def test_run_against_baseline_pools_devices_of_a_soc():

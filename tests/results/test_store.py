@@ -15,7 +15,8 @@ from farm.pool import Pool
 from farm.db.migrations import SCHEMA_VERSION
 from farm.report.directory import write_reports
 from farm.results.jsonfile import load_results
-from farm.results.records import Measurement, Outcome
+from farm.results.records import Measurement
+from farm.vocab import Outcome
 from farm.pool.events import infra_events, last_event_id
 from farm.results.store import ResultsStore
 from tests.support.pool import fake_device

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from farm.results.records import Attempt, ErrorKind, Measurement, Outcome, RunResults, TestRecord
+from farm.results.records import Attempt, Measurement, QualificationResults, TestRecord
+from farm.vocab import ErrorKind, Outcome
 
 
 def make_run(run_id: str = "20250101-120000-000001", *, started_at: str = "2025-01-01T12:00:00+0000",
              purpose: str = "nightly", bundle: str = "stories_110m", verdict: str = "fail",
-             tok_s: tuple[float, ...] = (41.25, 40.5, 39.875)) -> RunResults:
+             tok_s: tuple[float, ...] = (41.25, 40.5, 39.875)) -> QualificationResults:
     """A run with every kind of record: passed with measurements, failed, an infra error after a
     spoiled attempt, bad input, skipped, and one that never got a device."""
     meta = {"run_id": run_id, "purpose": purpose, "git_revision": "0123456789ab",
@@ -38,4 +39,4 @@ def make_run(run_id: str = "20250101-120000-000001", *, started_at: str = "2025-
         TestRecord("suites/test_smoke.py::test_skipped[SM8550]", Outcome.SKIPPED, soc="SM8550",
                    message="no rule"),
     ]
-    return RunResults(meta, records)
+    return QualificationResults(meta, records)
