@@ -43,8 +43,8 @@ def _child(manifest: str, port: int, serial: str, mode: str) -> None:
     """Runs in the child process: one deploy (and, for "cached", a redeploy); JSON on stdout."""
     from farm.bundle import manifest as bundle_mod
     from farm.config import AdbServerAddress
-    from farm.execute.deploy import deploy
     from farm.device.discovery import find_device
+    from farm.execute.deploy import deploy
 
     device = find_device([AdbServerAddress("127.0.0.1", port)], serial)
     started = time.perf_counter()

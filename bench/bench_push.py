@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from farm.device.adb_server import adb_binary
 from farm.bundle.manifest import Bundle, Mode, describe_file
-from farm.execute.deploy import deploy
+from farm.device.adb_server import adb_binary
 from farm.device.discovery import find_device
+from farm.execute.deploy import deploy
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
 
 

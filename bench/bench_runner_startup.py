@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from farm.bundle import manifest as bundle_mod  # noqa: E402
 from farm import procs  # noqa: E402
+from farm.bundle import manifest as bundle_mod  # noqa: E402
 from farm.bundle.export import export_bundle  # noqa: E402
 from farm.runner import zygote  # noqa: E402
 

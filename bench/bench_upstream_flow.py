@@ -55,8 +55,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from farm.device.adb_server import adb_binary
-    from farm.execute.deploy import deploy
     from farm.device.discovery import find_device
+    from farm.execute.deploy import deploy
     from farm.execute.run import new_out_name, run
     from farm.execute.runprofile import RunRequest, build_command
     from farm.virtual import VirtualDeviceSpec, VirtualFarm

@@ -74,24 +74,24 @@ class DeviceState(StrEnum):
 
 class Outcome(StrEnum):
     PASSED = "passed"
-    FAILED = "failed"
-    ERROR = "error"
+    FAILED = "failed"    # the code under test is wrong: JUnit <failure>, never re-run
+    ERROR = "error"      # no verdict (ErrorKind says why): JUnit <error>
     SKIPPED = "skipped"
 
 
 class ErrorKind(StrEnum):
-    """Why a record is an ``error``: the infrastructure failed, or the input cannot work."""
+    """Why a record is an ``error``."""
 
-    INFRA = "infra"
-    USAGE = "usage"
+    INFRA = "infra"  # device gone, adb, timeout, pool down, lease lost: re-run elsewhere
+    USAGE = "usage"  # bad input (a case that cannot run): never re-run
 
 
 class Verdict(StrEnum):
     """A whole run. ``farm qualify`` exits 0, 1, 3, 2 for these (and 130 when interrupted)."""
 
     PASS = "pass"
-    FAIL = "fail"
-    INFRA_ERROR = "infra-error"
+    FAIL = "fail"                # a test failed: the code under test is wrong
+    INFRA_ERROR = "infra-error"  # no failure, but the infrastructure kept some tests from a verdict
     BAD_INPUT = "bad-input"
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ptefarm_suites.cases import Golden, Thresholds, case_points, load_cases, load_goldens, load_thresholds
 from ptefarm_fixtures import ensure_run
+from ptefarm_suites.cases import Golden, Thresholds, case_points, load_cases, load_goldens, load_thresholds
 
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -49,8 +49,8 @@ def _tokenizer_key(bundle: Bundle) -> tuple[str, str]:
 
 
 def _template(bundle: Bundle):
-    from farm.model.tokenizer import load_tokenizer
     from farm.model.template import PromptTemplate
+    from farm.model.tokenizer import load_tokenizer
 
     key = _tokenizer_key(bundle)
     if key not in _templates:

@@ -26,8 +26,8 @@ def chaos(only, list_only, manifest, keep, markdown) -> None:
 
     Exit code 0 when every scenario survived with no result lost, 1 otherwise.
     """
-    from farm.selftest.chaos import SCENARIOS, chaos_dir, run_scenario
     from farm.errors import UsageError
+    from farm.selftest.chaos import SCENARIOS, chaos_dir, run_scenario
 
     if list_only:
         for s in SCENARIOS:

@@ -27,14 +27,14 @@ from farm.bundle import manifest as bundle_mod
 from farm.cli.options import config_option, farm_config, json_option
 from farm.cli.progress import console as cli_console
 from farm.config import FarmConfig, finite_seconds
-from farm.execute.deploy import VERIFY_LEVELS, DeployReport, deploy
 from farm.device.discovery import find_device, scan_server
 from farm.device.probe import Device, DeviceInfo
 from farm.errors import InfraError, LeaseError, PoolError, UsageError
-from farm.exitcodes import ExitCode
+from farm.execute.deploy import VERIFY_LEVELS, DeployReport, deploy
 from farm.execute.run import RunnerFailed, RunResult, run
 from farm.execute.runprofile import UPDATERS, RunRequest
-from farm.vocab import Dialect, Updater
+from farm.exitcodes import ExitCode
+from farm.vocab import DeviceState, Dialect, Updater
 
 LEASE_ENV = "PTEFARM_LEASE"  # the token `farm pool exec` gives its command
 # The manifest's model fields that give the context length (as farm.cases.context_len reads them).
@@ -181,7 +181,7 @@ def leased_device(config: FarmConfig, device: Device, token: str | None, force: 
     pool, found = entry
     with pool:
         dev = found.device
-        if dev.state == "quarantined":
+        if dev.state == DeviceState.QUARANTINED:
             if not force:
                 raise InfraError(f"device {serial} is quarantined: {dev.reason or 'no reason given'} "
                                  f"('farm pool restore {serial}' returns it; --force uses it anyway)",

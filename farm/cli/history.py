@@ -25,8 +25,8 @@ from farm.cli.options import config_option, farm_config, json_option, pool_url_o
 from farm.cli.progress import console as cli_console
 from farm.errors import UsageError
 from farm.results.records import QualificationResults
+from farm.results.store import Baseline, QualificationSummary, ResultsStore, results_url
 from farm.vocab import PURPOSES
-from farm.results.store import Baseline, ResultsStore, QualificationSummary, results_url
 
 
 def _store_options(f):

@@ -34,12 +34,13 @@ from farm.errors import AdbError, LeaseError, LeaseLost, PoolError, UsageError
 from farm.exitcodes import ExitCode
 from farm.pool import Event, Holder, Lease, LeaseRequest, Pool, PoolStatus
 from farm.pool.hold import hold
+from farm.vocab import EventKind
 
 T = TypeVar("T")
 
 # What `farm pool sync` reports, from the events the sync wrote: (label, event kind).
-SYNC_CHANGES = (("added", "added"), ("back online", "online"), ("offline", "offline"),
-                ("updated", "updated"))
+SYNC_CHANGES = (("added", EventKind.ADDED), ("back online", EventKind.ONLINE),
+                ("offline", EventKind.OFFLINE), ("updated", EventKind.UPDATED))
 EXEC_KILL_GRACE_S = 10.0  # `farm pool exec`: SIGKILL a command still running this long after a signal
 EXEC_POLL_S = 0.2  # how often it checks its lease while the command runs
 
@@ -442,7 +443,7 @@ def _event_line(e: Event) -> str:
         bits.append(f"by {e.holder}")
     if e.token:
         bits.append(f"lease {e.token[:8]}")
-    if e.detail and e.kind not in ("leased", "queued"):
+    if e.detail and e.kind not in (EventKind.LEASED, EventKind.QUEUED):
         bits.append(e.detail)
     return "  ".join(bits)
 

@@ -143,9 +143,9 @@ def write_outputs(run: QualificationResults, baseline: QualificationResults | No
                   *, min_effect: float = 0.05, inconclusive_fails: bool = False) -> Written:
     """Evaluate the gate and write each format into ``out_dir``, every file atomically (a temp file
     renamed into place: an interrupted write leaves the old file or none, never half of one)."""
-    from farm.results.gate import GateConfig, evaluate
     from farm.report.markdown import render_markdown
     from farm.report.qualification import qualification_report
+    from farm.results.gate import GateConfig, evaluate
 
     gate = evaluate(run, baseline, GateConfig(min_effect=min_effect, inconclusive_fails=inconclusive_fails))
     q = qualification_report(run, baseline, gate)

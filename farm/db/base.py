@@ -27,7 +27,6 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 
-
 class Txn:
     """A transaction: run SQL, get rows as dicts. ``now`` is the pool clock at the transaction start.
 

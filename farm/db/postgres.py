@@ -24,9 +24,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from farm.errors import PoolError, UsageError
-from farm.db.migrations import SCHEMA_VERSION, apply_migrations, current_version
 from farm.db.base import Listener, Store, Txn, pg_queue_channel, redact_url
+from farm.db.migrations import SCHEMA_VERSION, apply_migrations, current_version
+from farm.errors import PoolError, UsageError
 
 # Listening connections a process keeps between waits: one per thread that waits at a time.
 MAX_IDLE_LISTENERS = 4

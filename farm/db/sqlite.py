@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from farm.errors import PoolError, UsageError
-from farm.db.migrations import SCHEMA_VERSION, apply_migrations, current_version
 from farm.db.base import Listener, Store, Txn
+from farm.db.migrations import SCHEMA_VERSION, apply_migrations, current_version
 from farm.db.wakeup import SocketAddresses, SocketWaker
+from farm.errors import PoolError, UsageError
 
 
 def sqlite_path(url: str) -> Path:

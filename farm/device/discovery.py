@@ -6,8 +6,8 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from farm.device.adb_server import FarmAdbClient
 from farm.config import DEFAULT_WORKSPACE, AdbServerAddress
+from farm.device.adb_server import FarmAdbClient
 from farm.device.probe import Device, DeviceInfo
 from farm.device.transport import client_for, list_server
 from farm.errors import AdbError, AdbServerDown, DeviceGone, FarmError, UsageError

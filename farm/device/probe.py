@@ -12,8 +12,8 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from farm.device.adb_server import FarmAdbClient
 from farm.config import DEFAULT_WORKSPACE, AdbServerAddress
+from farm.device.adb_server import FarmAdbClient
 from farm.device.transport import DeviceTransport
 from farm.soc import htp_arch, soc_from_props
 

@@ -39,8 +39,8 @@ from typing import BinaryIO
 import adbutils
 from adbutils.errors import AdbConnectionError
 
-from farm.device.adb_server import FarmAdbClient, server_unreachable
 from farm.config import AdbServerAddress
+from farm.device.adb_server import FarmAdbClient, server_unreachable
 from farm.errors import AdbError, AdbServerDown, DeviceGone, DeviceTimeout, FarmError, UsageError
 
 log = logging.getLogger(__name__)

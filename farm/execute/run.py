@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from farm.bundle.manifest import Bundle
-from farm.execute.deploy import bundle_workspace
 from farm.device.protocol import DeviceLike
 from farm.errors import DeviceTimeout, FarmError, InfraError, RunIncomplete
+from farm.execute.deploy import bundle_workspace
 from farm.execute.runprofile import (
     RunnerCommand,
     RunRequest,

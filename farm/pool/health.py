@@ -16,10 +16,11 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from farm.config import tag_problem
+from farm.db.base import Txn
 from farm.errors import UsageError
 from farm.pool.model import AVAILABLE, OFFLINE, QUARANTINED, DeviceRecord, SyncReport
 from farm.pool.rows import has_live_lease, log_event, set_state, settled_state, tags_of_row
-from farm.db.base import Txn
+from farm.vocab import EventKind
 
 if TYPE_CHECKING:
     from farm.device.probe import DeviceInfo
@@ -73,7 +74,7 @@ def sync(txn: Txn, infos: Iterable[DeviceInfo], servers: Iterable[str] | None,
                     "state, first_seen, last_seen, state_since) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'available', ?, ?, ?)",
                     (*attrs, rec.serial, txn.now, txn.now, txn.now))
-            log_event(txn, "added", serial=rec.serial, to_state="available", detail=rec.describe())
+            log_event(txn, EventKind.ADDED, serial=rec.serial, to_state="available", detail=rec.describe())
             txn.freed = True
             report.added.append(rec.serial)
             continue
@@ -83,13 +84,13 @@ def sync(txn: Txn, infos: Iterable[DeviceInfo], servers: Iterable[str] | None,
                 "attrs = ?, present = 1, last_seen = ? WHERE serial = ?",
                 (*attrs, txn.now, rec.serial))
         if old_attrs[:6] != attrs[:6]:
-            log_event(txn, "updated", serial=rec.serial, detail=rec.describe())
+            log_event(txn, EventKind.UPDATED, serial=rec.serial, detail=rec.describe())
             txn.freed = True  # new attributes may now satisfy a waiter
             report.updated.append(rec.serial)
         if row["state"] == OFFLINE:
             new = settled_state(txn, rec.serial, present=True)
             set_state(txn, rec.serial, OFFLINE, new, reason="")
-            log_event(txn, "online", serial=rec.serial, from_state=OFFLINE, to_state=new,
+            log_event(txn, EventKind.ONLINE, serial=rec.serial, from_state=OFFLINE, to_state=new,
                       detail=f"seen again on {rec.server}")
             report.returned.append(rec.serial)
     for serial, row in existing.items():
@@ -100,7 +101,7 @@ def sync(txn: Txn, infos: Iterable[DeviceInfo], servers: Iterable[str] | None,
         if row["state"] in (OFFLINE, QUARANTINED):
             continue  # already out of the pool; quarantine stays the reason shown
         set_state(txn, serial, row["state"], OFFLINE, reason=f"not found on {row['server']}")
-        log_event(txn, "offline", serial=serial, from_state=row["state"], to_state=OFFLINE,
+        log_event(txn, EventKind.OFFLINE, serial=serial, from_state=row["state"], to_state=OFFLINE,
                   detail=f"not found on {row['server']}" + _forget_failures(txn, row))
         report.vanished.append(serial)
     if config_tags is not None:
@@ -117,7 +118,7 @@ def _apply_config_tags(txn: Txn, seen: dict[str, DeviceRecord], existing: dict[s
             continue
         txn.run("UPDATE devices SET config_tags = ? WHERE serial = ?", (wanted, serial))
         listed = ", ".join(json.loads(wanted)) or "none"
-        log_event(txn, "tagged", serial=serial, detail=f"config tags: {listed}")
+        log_event(txn, EventKind.TAGGED, serial=serial, detail=f"config tags: {listed}")
         txn.freed = True  # a waiter for these tags may now be served
         if serial not in report.updated and serial not in report.added:
             report.updated.append(serial)
@@ -134,7 +135,7 @@ def mark_stale(txn: Txn, liveness_s: float) -> list[str]:
         why = (f"not seen for {txn.now - row['last_seen']:.0f}s (liveness bound {liveness_s:g}s; "
                f"'farm pool sync' or 'farm pool watch' refreshes it)")
         set_state(txn, row["serial"], AVAILABLE, OFFLINE, reason=why)
-        log_event(txn, "offline", serial=row["serial"], from_state=AVAILABLE, to_state=OFFLINE,
+        log_event(txn, EventKind.OFFLINE, serial=row["serial"], from_state=AVAILABLE, to_state=OFFLINE,
                   detail=why)
     return [r["serial"] for r in rows]
 
@@ -167,7 +168,7 @@ def prune(txn: Txn, older_than_s: float) -> list[str]:
         txn.run("DELETE FROM leases WHERE serial = ? AND ended IS NOT NULL", (serial,))
         txn.run("DELETE FROM events WHERE serial = ? AND at < ?", (serial, cutoff))
         txn.run("DELETE FROM devices WHERE serial = ?", (serial,))
-        log_event(txn, "pruned", serial=serial, from_state=OFFLINE,
+        log_event(txn, EventKind.PRUNED, serial=serial, from_state=OFFLINE,
                   detail=f"offline {(txn.now - row['state_since']) / 86400:.1f} days, last seen "
                          f"{(txn.now - row['last_seen']) / 86400:.1f} days ago on {row['server']}"
                          + (f" ({row['reason']})" if row["reason"] else ""))
@@ -204,7 +205,7 @@ def tag(txn: Txn, serial: str, tags: Iterable[str], *, remove: bool = False) -> 
         new = admin | set(tags)
         txn.freed = True  # a waiter for these tags may now be served
     txn.run("UPDATE devices SET admin_tags = ? WHERE serial = ?", (json.dumps(sorted(new)), serial))
-    log_event(txn, "untagged" if remove else "tagged", serial=serial,
+    log_event(txn, EventKind.UNTAGGED if remove else "tagged", serial=serial,
               detail=", ".join(tags))
 
 
@@ -216,14 +217,14 @@ def _mark_unusable(txn: Txn, rec: DeviceRecord, row: dict[str, Any] | None, why:
         txn.run("INSERT INTO devices (serial, server, virtual, state, reason, present, first_seen, "
                 "last_seen, state_since) VALUES (?, ?, ?, 'offline', ?, 0, ?, ?, ?)",
                 (rec.serial, rec.server, int(rec.virtual), why, txn.now, txn.now, txn.now))
-        log_event(txn, "added", serial=rec.serial, to_state=OFFLINE, detail=why)
+        log_event(txn, EventKind.ADDED, serial=rec.serial, to_state=OFFLINE, detail=why)
         report.added.append(rec.serial)
         return
     txn.run("UPDATE devices SET present = 0 WHERE serial = ?", (rec.serial,))
     if row["state"] in (OFFLINE, QUARANTINED):
         return
     set_state(txn, rec.serial, row["state"], OFFLINE, reason=why)
-    log_event(txn, "offline", serial=rec.serial, from_state=row["state"], to_state=OFFLINE,
+    log_event(txn, EventKind.OFFLINE, serial=rec.serial, from_state=row["state"], to_state=OFFLINE,
               detail=why + _forget_failures(txn, row))
     report.vanished.append(rec.serial)
 
@@ -245,7 +246,7 @@ def quarantine(txn: Txn, serial: str, reason: str) -> None:
         set_state(txn, serial, row["state"], QUARANTINED, reason=reason)
     else:
         txn.run("UPDATE devices SET reason = ? WHERE serial = ?", (reason, serial))
-    log_event(txn, "quarantined", serial=serial, from_state=row["state"], to_state=QUARANTINED,
+    log_event(txn, EventKind.QUARANTINED, serial=serial, from_state=row["state"], to_state=QUARANTINED,
               detail=reason)
 
 
@@ -257,7 +258,7 @@ def restore(txn: Txn, serial: str) -> str:
         new = settled_state(txn, serial, present=bool(row["present"]))
         set_state(txn, serial, QUARANTINED, new, reason="" if new != OFFLINE else "not found")
     txn.run("UPDATE devices SET infra_failures = 0 WHERE serial = ?", (serial,))
-    log_event(txn, "restored", serial=serial, from_state=row["state"], to_state=new)
+    log_event(txn, EventKind.RESTORED, serial=serial, from_state=row["state"], to_state=new)
     return new
 
 
@@ -273,20 +274,20 @@ def record_infra_failure(txn: Txn, serial: str, reason: str, quarantine_after: i
     row = _device_row(txn, serial)
     failures = int(row["infra_failures"])
     if row["state"] == OFFLINE or not row["present"]:
-        log_event(txn, "infra_failure", serial=serial,
+        log_event(txn, EventKind.INFRA_FAILURE, serial=serial,
                   detail=f"not counted (device {row['state'] if row['state'] == OFFLINE else 'absent'}"
                          f"): {reason}")
         return False
     last = row["failure_counted_at"]
     if failures and last is not None and txn.now - last < window_s:
-        log_event(txn, "infra_failure", serial=serial,
+        log_event(txn, EventKind.INFRA_FAILURE, serial=serial,
                   detail=f"not counted ({txn.now - last:.2f}s after the last counted one, within the "
                          f"{window_s:g}s window; {failures} in a row): {reason}")
         return False
     failures += 1
     txn.run("UPDATE devices SET infra_failures = ?, failure_counted_at = ? WHERE serial = ?",
             (failures, txn.now, serial))
-    log_event(txn, "infra_failure", serial=serial, detail=f"{failures} in a row: {reason}")
+    log_event(txn, EventKind.INFRA_FAILURE, serial=serial, detail=f"{failures} in a row: {reason}")
     if failures >= quarantine_after and row["state"] != QUARANTINED:
         quarantine(txn, serial, f"{failures} consecutive infra failures; last: {reason}")
         log.warning("device %s quarantined after %d infra failures in a row; last: %s",
@@ -301,5 +302,5 @@ def record_success(txn: Txn, serial: str) -> None:
     txn.run("UPDATE devices SET last_seen = ? WHERE serial = ?", (txn.now, serial))
     if int(row["infra_failures"]):
         txn.run("UPDATE devices SET infra_failures = 0 WHERE serial = ?", (serial,))
-        log_event(txn, "failures_reset", serial=serial,
+        log_event(txn, EventKind.FAILURES_RESET, serial=serial,
                   detail=f"success after {row['infra_failures']} infra failures")

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Self
 
 from farm.config import FarmConfig, PoolConfig
+from farm.db.base import Listener, Store, Txn
+from farm.db.connect import open_store
 from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError, UsageError
 from farm.pool import health
 from farm.pool.model import (
@@ -58,8 +60,7 @@ from farm.pool.rows import (
     set_state,
     token_problem,
 )
-from farm.db.base import Listener, Store, Txn
-from farm.db.connect import open_store
+from farm.vocab import EventKind
 
 if TYPE_CHECKING:
     from farm.device.probe import DeviceInfo
@@ -153,7 +154,7 @@ def _grant(txn: Txn, device: DeviceRecord, entry: QueueEntry) -> str:
              entry.request.to_json(), txn.now, txn.now, txn.now + entry.ttl, entry.id))
     set_state(txn, device.serial, AVAILABLE, LEASED)
     txn.run("DELETE FROM queue WHERE id = ?", (entry.id,))
-    log_event(txn, "leased", serial=device.serial, from_state=AVAILABLE, to_state=LEASED, token=token,
+    log_event(txn, EventKind.LEASED, serial=device.serial, from_state=AVAILABLE, to_state=LEASED, token=token,
               queue_id=entry.id, holder=entry.holder.describe(), detail=entry.request.to_json())
     return token
 
@@ -381,12 +382,12 @@ class Pool:
             if queue_id in self._dispatch(txn):  # served at once: it never waited, so no "queued" event
                 granted = txn.one("SELECT * FROM leases WHERE queue_id = ?", (queue_id,))
                 return self._outcome_granted(txn, granted)
-            log_event(txn, "queued", queue_id=queue_id, holder=holder.describe(),
+            log_event(txn, EventKind.QUEUED, queue_id=queue_id, holder=holder.describe(),
                       detail=request.to_json())
         if give_up:
             ahead = [w for w in waiting(txn) if w.ranks_before(request.priority, queue_id)]
             txn.run("DELETE FROM queue WHERE id = ?", (queue_id,))
-            log_event(txn, "gave_up", queue_id=queue_id, holder=holder.describe(),
+            log_event(txn, EventKind.GAVE_UP, queue_id=queue_id, holder=holder.describe(),
                       detail=f"waited {timeout:g}s for {request.describe()}")
             return _Outcome(timeout_message=self._timeout_message(txn, request, timeout, ahead))
         txn.run("UPDATE queue SET polled = ? WHERE id = ?", (txn.now, queue_id))
@@ -404,7 +405,7 @@ class Pool:
         stale = txn.all("SELECT * FROM queue WHERE polled < ?", (txn.now - self.waiter_stale_s,))
         for row in stale:
             txn.run("DELETE FROM queue WHERE id = ?", (row["id"],))
-            log_event(txn, "abandoned", queue_id=row["id"],
+            log_event(txn, EventKind.ABANDONED, queue_id=row["id"],
                       holder=queue_from_row(row).holder.describe(),
                       detail=f"no poll for {txn.now - row['polled']:.1f}s")
 
@@ -415,12 +416,12 @@ class Pool:
             with self._write() as txn:
                 if txn.one("SELECT id FROM queue WHERE id = ?", (queue_id,)) is not None:
                     txn.run("DELETE FROM queue WHERE id = ?", (queue_id,))
-                    log_event(txn, "gave_up", queue_id=queue_id, holder=holder.describe(),
+                    log_event(txn, EventKind.GAVE_UP, queue_id=queue_id, holder=holder.describe(),
                               detail="acquire interrupted")
                 granted = txn.one("SELECT * FROM leases WHERE queue_id = ? AND ended IS NULL",
                                   (queue_id,))
                 if granted is not None:
-                    end_lease(txn, granted, "released")
+                    end_lease(txn, granted, EventKind.RELEASED)
         except PoolError as e:
             log.warning("leaving queue entry %d after an interrupted acquire failed (%s); "
                         "it is dropped as stale later", queue_id, e)
@@ -512,8 +513,8 @@ class Pool:
         with self._write() as txn:
             row = txn.one("SELECT * FROM leases WHERE token = ?", (token,))
             if row is not None and row["ended"] is None:
-                end_lease(txn, row, "released")
-                row.update(ended=txn.now, end_reason="released")
+                end_lease(txn, row, EventKind.RELEASED)
+                row.update(ended=txn.now, end_reason=EventKind.RELEASED)
                 return lease_from_row(row)
             problem = token_problem(txn, token, row)
         raise LeaseError(f"cannot release: {problem}")

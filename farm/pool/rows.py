@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from farm.db.base import Txn
 from farm.pool.model import (
     AVAILABLE,
     LEASED,
@@ -17,7 +18,7 @@ from farm.pool.model import (
     LeaseRequest,
     QueueEntry,
 )
-from farm.db.base import Txn
+from farm.vocab import EventKind
 
 
 def tags_of_row(row: dict[str, Any], *sources: str) -> tuple[str, ...]:
@@ -116,7 +117,7 @@ def reclaim_expired(txn: Txn) -> int:
     """End every lease whose TTL ran out; done at the start of each acquire, renew and release."""
     expired = txn.all("SELECT * FROM leases WHERE ended IS NULL AND expires < ?", (txn.now,))
     for lease in expired:
-        end_lease(txn, lease, "expired")
+        end_lease(txn, lease, EventKind.EXPIRED)
     return len(expired)
 
 
@@ -139,7 +140,7 @@ def token_problem(txn: Txn, token: str, row: dict[str, Any] | None, serial: str 
     if row is None:
         return f"lease token {token!r} is unknown to this pool (mistyped, or another pool's)"
     text = f"lease {token} on {row['serial']} was {row['end_reason']} {txn.now - row['ended']:.1f}s ago"
-    if row["end_reason"] == "expired":
+    if row["end_reason"] == EventKind.EXPIRED:
         text += (f" (not renewed within its TTL of {row['expires'] - row['renewed']:g}s: "
                  f"holder stalled or died)")
     current = txn.one("SELECT * FROM leases WHERE serial = ? AND ended IS NULL", (row["serial"],))

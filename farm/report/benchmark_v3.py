@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from farm.results.gate import GateResult, PointKey, measurements_of
 from farm.report.qualification import devices_of
+from farm.results.gate import GateResult, PointKey, measurements_of
 from farm.results.records import QualificationResults, TestRecord
 from farm.vocab import ErrorKind, Outcome
 

@@ -12,7 +12,6 @@ import html
 from typing import Any
 
 from farm.report import plots
-from farm.results.gate import GateVerdict, PointResult
 from farm.report.qualification import (
     QualificationReport,
     cell_text,
@@ -23,6 +22,7 @@ from farm.report.qualification import (
     gate_line,
     outcome_label,
 )
+from farm.results.gate import GateVerdict, PointResult
 from farm.vocab import Outcome
 
 __all__ = ["render_html"]

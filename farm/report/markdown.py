@@ -8,16 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from farm.report.qualification import (
-    QualificationReport,
-    cell_text,
-    error_label,
-    facts,
-    fmt_p,
-    fmt_pct,
-    gate_line,
-    outcome_label,
-)
+from farm.report.qualification import (QualificationReport, cell_text, error_label, facts, fmt_p,
+                                        fmt_pct, gate_line, outcome_label)
 from farm.results.records import TestRecord, verdict
 from farm.vocab import Outcome, Verdict
 

@@ -18,7 +18,6 @@ from typing import Any
 from farm.errors import UsageError
 from farm.results.records import RESULTS_SCHEMA_VERSION, QualificationResults, TestRecord, tool_version
 
-
 RESULTS_FORMAT = f"ptefarm-results/{RESULTS_SCHEMA_VERSION}"
 # Formats load_results reads; version 1 (before the results store) had no schema_version, units,
 # devices or manifest list, and its meta.manifest was the manifest's path.

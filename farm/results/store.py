@@ -33,10 +33,16 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Self
 
-from farm.errors import UsageError
 from farm.db.base import Store, Txn
 from farm.db.connect import open_store
-from farm.results.records import RESULTS_SCHEMA_VERSION, Attempt, Measurement, QualificationResults, TestRecord
+from farm.errors import UsageError
+from farm.results.records import (
+    RESULTS_SCHEMA_VERSION,
+    Attempt,
+    Measurement,
+    QualificationResults,
+    TestRecord,
+)
 from farm.vocab import PURPOSES, ErrorKind, Outcome, Verdict
 
 __all__ = ["Baseline", "ResultsStore", "QualificationSummary", "results_url"]

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from farm.errors import UsageError
-from farm.runner.io_manager import UPDATERS, ContextFull, IoMgr, KVShape
 from farm.model.template import PromptTemplate
+from farm.runner.io_manager import UPDATERS, ContextFull, IoMgr, KVShape
 from farm.vocab import EvalMode
 
 # --eval_mode -> (prefill method, decode method); lookahead (2) is not supported by this runner.

@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,9 +26,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from farm.bundle.manifest import Bundle, Mode, describe_file
+from farm.bundle.manifest import describe_file
 from farm.pool import Pool
 from farm.results.records import ResultLog, journal_paths
+from farm.selftest.bundles import stand_in_bundle
+from farm.selftest.postgres import DEFAULT_PG_URL, PG_ENV, with_search_path
+from farm.selftest.proxy import CuttableProxy
+from farm.selftest.pytest_files import GENERATE_TEST, farm_toml
+from farm.vocab import DeviceState, EventKind
 
 PYTEST_TIMEOUT_S = 300
 
@@ -68,16 +72,6 @@ class Scenario:
 
 # -- the lab --------------------------------------------------------------------------------------
 
-GENERATE_TEST = """
-import pytest
-
-@pytest.mark.parametrize("prompt", {prompts!r})
-def test_generate(llm, prompt):
-    result = llm.generate(prompt, mode="kv", seq_len=48)
-    assert result.text
-"""
-
-
 class Lab:
     """One scenario's sandbox: everything lives under ``workdir`` and is stopped on exit."""
 
@@ -97,14 +91,13 @@ class Lab:
         self._stack.close()
 
     # set-up
-    def devices(self, *socs: str, lease_ttl_s: float = 300, extra: str = "") -> list:
+    def devices(self, *socs: str, lease_ttl_s: float = 300) -> list:
         from farm.virtual import VirtualDeviceSpec, VirtualFarm
 
         self.vf = self._stack.enter_context(VirtualFarm(home=self.dir / "farm"))
         records = self.vf.up([VirtualDeviceSpec(soc=s) for s in socs])
-        self.config = self.dir / "farm.toml"
-        self.config.write_text(f'[[adb_servers]]\nhost = "127.0.0.1"\nport = {self.vf.adb_server.port}\n'
-                               f'[pool]\nurl = "{self.pool_url}"\nlease_ttl_s = {lease_ttl_s}\n{extra}')
+        self.config = farm_toml(self.dir / "farm.toml", self.vf.adb_server.port, self.pool_url,
+                                lease_ttl_s=lease_ttl_s)
         from farm.device.discovery import discover
 
         with Pool.open(self.pool_url) as pool:
@@ -113,7 +106,7 @@ class Lab:
 
     def test_file(self, prompts: list[str], text: str | None = None) -> Path:
         path = self.dir / "test_chaos_lab.py"
-        path.write_text(text if text is not None else GENERATE_TEST.format(prompts=prompts))
+        path.write_text(text if text is not None else GENERATE_TEST.format(prompts=prompts, seq_len=48))
         return path
 
     def pytest_argv(self, *args: str, manifest: Path | None = None) -> list[str]:
@@ -208,50 +201,6 @@ def _kept(obs: Observation, lab: Lab, expected: list[str]) -> dict[str, str]:
     return outcomes
 
 
-# -- a stand-in runner (qnn-v1.0 dialect) with a chosen misbehaviour --------------------------------
-
-STAND_IN_RUNNER = r'''#!/usr/bin/env python3
-import json, sys
-BEHAVIOUR = {behaviour!r}
-args = sys.argv[1:]
-opts = {{args[i]: args[i + 1] for i in range(0, len(args) - 1, 2) if args[i].startswith("--")}}
-if opts.get("--prompt") == "HANG":
-    import time
-    time.sleep(600)
-if BEHAVIOUR == "crash":
-    print("qnn_llama_runner: loading model", flush=True)
-    sys.stderr.write("QnnDsp <E> Failed to create context from binary\nSegmentation fault\n")
-    sys.exit(139)
-if BEHAVIOUR == "no-output":
-    sys.exit(0)
-with open(opts["--output_path"], "wb") as f:
-    f.write(b"\xff\xfe\x00garbage\x93" * 7 if BEHAVIOUR == "garbage" else
-            ("<|begin_of_text|>" + opts["--prompt"] + " and so on").encode())
-with open(opts["--performance_output_path"], "w") as f:
-    f.write("42.0\n")
-'''
-
-
-def stand_in_bundle(root: Path, behaviour: str) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-
-    def put(name: str, data: str, mode: int = 0o644) -> Path:
-        path = root / name
-        path.write_text(data)
-        path.chmod(mode)
-        return path
-
-    files = [describe_file(root, put("kv.pte", "kv model"), role="pte"),
-             describe_file(root, put("tokenizer.model", "tok"), role="tokenizer"),
-             describe_file(root, put("qnn_llama_runner", STAND_IN_RUNNER.format(behaviour=behaviour),
-                                     0o755), role="runner")]
-    bundle = Bundle(name=f"stand-in-{behaviour}", runner_dialect="qnn-v1.0",
-                    tokenizer="tokenizer.model", files=files, modes={"kv": Mode("kv.pte", 0, 1)},
-                    runner="qnn_llama_runner")
-    bundle.write(root / "manifest.json")
-    return root / "manifest.json"
-
-
 # -- scenarios --------------------------------------------------------------------------------------
 
 def _retry_elsewhere(lab: Lab, inject: Callable[[list], str], *, victim_offline: bool = True,
@@ -274,9 +223,9 @@ def _retry_elsewhere(lab: Lab, inject: Callable[[list], str], *, victim_offline:
     states = lab.states()
     if victim_offline:
         obs.check("the broken device is offline or quarantined",
-                  states.get(victim) in ("offline", "quarantined"))
+                  states.get(victim) in (DeviceState.OFFLINE, DeviceState.QUARANTINED))
     else:
-        obs.check("the device is not quarantined", "quarantined" not in states.values())
+        obs.check("the device is not quarantined", DeviceState.QUARANTINED not in states.values())
     obs.check("no lease left behind", not lab.held())
     reason = attempts[0]["reason"] if attempts else _tail(proc)
     obs.observed = f"{described}: {'re-run passed on another device' if obs.survived else _tail(proc)}" \
@@ -351,7 +300,7 @@ def link_slowed(lab: Lab) -> Observation:
     proc = lab.pytest()
     outcomes = _kept(obs, lab, ["test_generate[SM8650-Once upon a time]"])
     obs.check("completes and passes", proc.returncode == 0 and set(outcomes.values()) == {"passed"})
-    obs.check("not quarantined for slowness", lab.states()[devices[0].serial] == "available")
+    obs.check("not quarantined for slowness", lab.states()[devices[0].serial] == DeviceState.AVAILABLE)
     obs.observed = f"every stream at 300 kB/s: {', '.join(sorted(set(outcomes.values())))}, device " \
                    f"{lab.states()[devices[0].serial]}"
     return obs
@@ -441,7 +390,7 @@ def _refused_before_lease(lab: Lab, damage: Callable[[Path], str]) -> Observatio
     obs.check("refused as bad input (pytest usage error)", proc.returncode == 4)
     obs.check("the message names the file", "kv_llama_xnnpack.pte" in proc.stderr
               or "passwd" in proc.stderr)
-    obs.check("no device was leased", not [e for e in lab.events() if e.kind == "leased"])
+    obs.check("no device was leased", not [e for e in lab.events() if e.kind == EventKind.LEASED])
     obs.observed = f"{described}: exit {proc.returncode}: {_tail(proc.stderr)[:120]}"
     return obs
 
@@ -499,7 +448,7 @@ def adb_server_killed(lab: Lab) -> Observation:
     outcomes = _kept(obs, lab, names)
     obs.check("no test failed (errors or passes only)", "failed" not in outcomes.values())
     obs.check("every test has a result", len(outcomes) == 3)
-    obs.check("no device quarantined for the server's fault", "quarantined" not in lab.states().values())
+    obs.check("no device quarantined for the server's fault", DeviceState.QUARANTINED not in lab.states().values())
     verdict = lab.meta().get("verdict")
     obs.check("the verdict is pass or infra-error", verdict in ("pass", "infra-error"))
     errors = [r["message"] for r in lab.records() if r["outcome"] == "error"]
@@ -539,7 +488,7 @@ def _start_holder(lab: Lab, ttl_s: float) -> tuple[subprocess.Popen, str]:
     holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_TOUCH, lab.pool_url,
                                str(lab.vf.adb_server), str(ttl_s)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     return holder, holder.stdout.readline().strip()
 
 
@@ -555,7 +504,7 @@ def holder_killed(lab: Lab) -> Observation:
     waited = time.monotonic() - started
     outcomes = _kept(obs, lab, ["test_generate[SM8650-Once upon a time]"])
     obs.check("the device came back after the TTL and the test passed", proc.returncode == 0)
-    expired = [e for e in lab.events() if e.kind == "expired" and e.serial == serial]
+    expired = [e for e in lab.events() if e.kind == EventKind.EXPIRED and e.serial == serial]
     obs.check("the pool logged the dead holder's lease as expired", bool(expired))
     obs.observed = f"holder of {serial} SIGKILLed: lease expired, next run passed after {waited:.1f}s " \
                    f"({outcomes})"
@@ -589,71 +538,11 @@ def holder_stopped(lab: Lab) -> Observation:
     return obs
 
 
-class _CuttableProxy:
-    """A TCP proxy in front of the PostgreSQL server that can be cut off (connections reset and
-    refused) and restored: the pool database 'down' as its clients see it."""
-
-    def __init__(self, target: tuple[str, int]):
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.down = threading.Event()
-        self.conns: list[socket.socket] = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if self.down.is_set():
-                client.close()
-                continue
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            with self.lock:
-                self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def cut(self) -> None:
-        self.down.set()
-        with self.lock:
-            for s in self.conns:
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-            self.conns.clear()
-
-    def restore(self) -> None:
-        self.down.clear()
-
-    def close(self) -> None:
-        self.cut()
-        self.listener.close()
-
-
 def pool_database_down(lab: Lab) -> Observation:
     import psycopg
-    from urllib.parse import quote
 
     obs = Observation()
-    base = os.environ.get("PTEFARM_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    base = os.environ.get(PG_ENV, DEFAULT_PG_URL)
     try:
         admin = psycopg.connect(base, autocommit=True, connect_timeout=5)
     except psycopg.Error as e:
@@ -662,10 +551,9 @@ def pool_database_down(lab: Lab) -> Observation:
         return obs
     schema = f"ptefarm_chaos_{secrets.token_hex(4)}"
     admin.execute(f'CREATE SCHEMA "{schema}"')
-    proxy = _CuttableProxy(("127.0.0.1", 5432))
+    proxy = CuttableProxy(("127.0.0.1", 5432))
     try:
-        lab.pool_url = (f"postgresql://postgres@127.0.0.1:{proxy.port}/test?"
-                        f"options={quote(f'-csearch_path={schema}', safe='')}")
+        lab.pool_url = with_search_path(f"postgresql://postgres@127.0.0.1:{proxy.port}/test", schema)
         lab.devices("SM8650", "SM8650", lease_ttl_s=60)
         prompts = [f"p{i}" for i in range(6)]
         lab.test_file(prompts)
@@ -683,10 +571,10 @@ def pool_database_down(lab: Lab) -> Observation:
         holders: dict[str, str | None] = {}
         double = False
         for e in lab.events():
-            if e.kind == "leased":
+            if e.kind == EventKind.LEASED:
                 double |= holders.get(e.serial) is not None
                 holders[e.serial] = e.token
-            elif e.kind in ("released", "expired"):
+            elif e.kind in (EventKind.RELEASED, EventKind.EXPIRED):
                 holders[e.serial] = None
         obs.check("no double lease in the pool's log", not double)
         obs.observed = f"pool cut off for 20 s mid-run: {sum(v == 'passed' for v in outcomes.values())}" \
@@ -781,7 +669,7 @@ def bad_input(lab: Lab) -> Observation:
         text = proc.stdout + proc.stderr
         obs.check(f"bad {what}: refused, naming the file", proc.returncode != 0 and
                   str(bad / f"{what}.toml") in text and "Traceback (most recent call last)" not in text)
-    obs.check("nothing was leased for bad input", not [e for e in lab.events() if e.kind == "leased"])
+    obs.check("nothing was leased for bad input", not [e for e in lab.events() if e.kind == EventKind.LEASED])
     canary = lab.dir / "pwned"
     hostile = f"x\"$(touch {canary})`touch {canary}`;'\\n\n<|eot_id|> ü"
     manifest = stand_in_bundle(lab.dir / "echo", "echo")

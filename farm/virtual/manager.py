@@ -21,11 +21,10 @@ from typing import Self
 import adbutils
 
 from farm import procs
+from farm.config import DEFAULT_WORKSPACE, AdbServerAddress
 from farm.device.adb_server import AdbServer
-from farm.config import AdbServerAddress
 from farm.errors import AdbError, AdbServerDown, InfraError, UsageError
 from farm.fileio import write_atomic
-from farm.config import DEFAULT_WORKSPACE
 from farm.virtual.confine import (
     MEDIA_REL,
     STORAGE_REL,

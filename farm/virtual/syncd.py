@@ -18,7 +18,6 @@ from pathlib import Path
 
 from farm.virtual.sync import IO_BUFFER, SyncService
 
-
 HEADER_PREFIX = b"limit="
 
 

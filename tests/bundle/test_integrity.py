@@ -21,10 +21,10 @@ from click.testing import CliRunner
 
 from farm.bundle import manifest as bundle_mod
 from farm.bundle.manifest import describe_file, verify_bundle
-from farm.execute.compare import UPDATER_PAIR, Comparison
-from farm.execute.deploy import PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace, deploy
 from farm.device.discovery import find_device
 from farm.errors import AdbError, InfraError, RunIncomplete, UsageError
+from farm.execute.compare import UPDATER_PAIR, Comparison
+from farm.execute.deploy import PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace, deploy
 from farm.execute.run import RunnerFailed, RunResult, check_complete, run
 from farm.execute.runprofile import RunnerCommand, RunRequest
 from farm.virtual import VirtualDeviceSpec, VirtualFarm

@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 
 from farm.bundle import manifest as bundle_mod
-from farm.device.adb_server import adb_binary
 from farm.cli.virtual import virtual
-from farm.execute.deploy import deploy
+from farm.device.adb_server import adb_binary
 from farm.device.discovery import find_device
+from farm.execute.deploy import deploy
 from farm.execute.run import run
 from farm.execute.runprofile import OUTPUTS, RunRequest, runner_argv
 from farm.virtual import VirtualDeviceSpec, VirtualFarm

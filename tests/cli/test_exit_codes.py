@@ -16,8 +16,8 @@ from farm.bundle.manifest import load
 from farm.cli.main import main
 from farm.exitcodes import ExitCode, for_error, for_verdict
 from farm.pool import Holder, LeaseRequest, Pool
-from farm.vocab import Verdict
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
+from farm.vocab import Verdict
 from tests.support.devices import make_qnn_bundle
 from tests.support.pool import fake_device
 

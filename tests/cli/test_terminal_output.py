@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from farm.bundle import manifest as bundle_mod
 from farm.cli.main import main
 from farm.cli.progress import LeaseWaitReporter, describe_wait
-from farm.execute.deploy import deploy
 from farm.device.discovery import find_device
 from farm.errors import LeaseTimeout
+from farm.execute.deploy import deploy
 from farm.pool import Holder, LeaseRequest, Pool
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
 from tests.support.devices import make_qnn_bundle

@@ -30,10 +30,11 @@ def test_dialect_updaters():
 
 
 def test_old_names_still_importable_and_derived():
-    from farm.bundle import manifest as bundle, qnn as qnn_bundle
+    from farm.bundle import manifest as bundle
+    from farm.bundle import qnn as qnn_bundle
     from farm.execute import compare, runprofile
-    from farm.results import records as results
     from farm.pool import AVAILABLE, LEASED, OFFLINE, QUARANTINED
+    from farm.results import records as results
     from farm.runner import engine, io_manager
 
     assert results.Outcome is Outcome
@@ -74,3 +75,42 @@ def test_runprofile_refuses_updaters_a_dialect_lacks(dialect, tmp_path):
         else:
             with pytest.raises(UsageError, match=f"'{dialect}' supports only the SmartMask updater"):
                 runner_argv(bundle, request, "runs/x")
+
+
+def test_every_event_the_pool_logs_is_an_event_kind(tmp_path):
+    """The pool's code names each kind it logs through EventKind (no string of its own), and what a
+    pool's life writes reads back as EventKind members."""
+    import ast
+    from pathlib import Path
+
+    import farm.pool
+    from farm.pool import Pool
+    from farm.vocab import EventKind
+    from tests.support.pool import fake_device
+
+    for path in Path(farm.pool.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("log_event", "end_lease"):
+                kind = node.args[1] if node.func.id == "log_event" else node.args[2]
+                assert not isinstance(kind, ast.Constant), f"{path.name}:{node.lineno}: kind {kind.value!r}"
+    with Pool.open(f"sqlite:///{tmp_path / 'pool.db'}") as pool:
+        pool.sync([fake_device("A"), fake_device("B")])
+        lease = pool.acquire()
+        pool.release(lease.token)
+        pool.tag("A", ["x"])
+        pool.quarantine("B", "test")
+        pool.restore("B")
+        pool.sync([fake_device("A")])
+        logged = {e.kind for e in pool.history(limit=None)}
+    assert logged <= set(EventKind), logged - set(EventKind)
+    assert {EventKind.ADDED, EventKind.LEASED, EventKind.RELEASED, EventKind.QUARANTINED,
+            EventKind.RESTORED, EventKind.OFFLINE, EventKind.TAGGED} <= logged
+
+
+def test_infra_event_names():
+    from farm.vocab import PURPOSES, EventKind, Purpose
+
+    assert {k.infra_name for k in EventKind if k.infra_name} == {
+        "quarantine", "offline", "release-lost", "infra-failure", "online", "restored"}
+    assert EventKind.LEASED.infra_name is None
+    assert PURPOSES == ("pr", "nightly", "release", "adhoc") == tuple(Purpose)

@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 
+from farm.db.base import Listener, Txn, pg_queue_channel
+from farm.db.wakeup import SocketAddresses, SocketListener, SocketWaker
 from farm.pool import Holder, LeaseRequest, Pool
 from farm.pool import leases as leases_mod
-from farm.db.base import Listener, Txn
-from farm.db.base import pg_queue_channel
-from farm.db.wakeup import SocketAddresses, SocketListener, SocketWaker
 from tests.support.pool import fake_device
 
 SLOW_POLL_S = 5.0  # a waiter that only polled would take >= 2.5 s (jittered 0.5x-1.5x)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from farm.bundle import manifest as bundle_mod
-from farm.execute.deploy import PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace, deploy
 from farm.device.discovery import find_device
 from farm.errors import AdbError, InfraError, UsageError
+from farm.execute.deploy import PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace, deploy
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
 from tests.support.devices import counting_sync_opens, make_qnn_bundle
 

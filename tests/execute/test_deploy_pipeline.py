@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from farm.execute import deploy as deploy_mod
 from farm.bundle.manifest import Bundle, Mode, describe_file
-from farm.execute.deploy import IN_FLIGHT, PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace, deploy
 from farm.device.discovery import find_device
 from farm.errors import AdbError, UsageError
+from farm.execute import deploy as deploy_mod
+from farm.execute.deploy import IN_FLIGHT, PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace, deploy
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
 from tests.support.devices import wait_for_sync_sessions_to_end
 from tests.support.fake_device import FakeDevice

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from farm.bundle import manifest as bundle_mod
-from farm.execute.deploy import PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace, deploy
 from farm.device.protocol import DeviceLike
 from farm.errors import AdbError, DeviceTimeout, RunIncomplete, UsageError
+from farm.execute.deploy import PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace, deploy
 from farm.execute.run import RunnerFailed, run
 from farm.execute.runprofile import RunRequest
 from tests.support.devices import make_qnn_bundle

@@ -9,16 +9,15 @@ from pathlib import Path
 import pytest
 
 from farm.bundle import manifest as bundle_mod
-from farm.execute.deploy import bundle_workspace, deploy
 from farm.device.discovery import find_device
 from farm.errors import UsageError
+from farm.execute.deploy import bundle_workspace, deploy
 from farm.execute.run import run, runner_dialect
 from farm.execute.runprofile import RunRequest, detect_dialect, help_flags, runner_argv, settle_dialect
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
 from farm.vocab import Dialect
 from tests.support import runner_help_texts as runner_help
 from tests.support.devices import make_qnn_bundle
-
 
 # -- the pure part: help text -> dialect -------------------------------------------------------------
 

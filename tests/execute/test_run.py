@@ -12,9 +12,9 @@ import time
 import pytest
 
 from farm.bundle import manifest as bundle_mod
-from farm.execute.deploy import bundle_workspace, deploy
 from farm.device.discovery import find_device
 from farm.errors import DeviceTimeout, InfraError
+from farm.execute.deploy import bundle_workspace, deploy
 from farm.execute.run import RunnerFailed, run
 from farm.execute.runprofile import RunRequest
 from farm.virtual import VirtualDeviceSpec, VirtualFarm

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from farm.bundle import manifest as bundle_mod
-from farm.execute.deploy import deploy
 from farm.device.discovery import find_device
+from farm.execute.deploy import deploy
 from farm.execute.run import run
 from farm.execute.runprofile import RunRequest, runner_argv
 

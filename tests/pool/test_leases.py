@@ -9,7 +9,6 @@ import pytest
 
 from farm.config import PoolConfig
 from farm.errors import LeaseError, LeaseTimeout, UsageError
-from farm.procs import wait_until
 from farm.pool import (
     AVAILABLE,
     LEASED,
@@ -20,6 +19,7 @@ from farm.pool import (
     Pool,
     parse_priority,
 )
+from farm.procs import wait_until
 from tests.support.pool import fake_device
 
 

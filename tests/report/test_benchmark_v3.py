@@ -15,8 +15,8 @@ import pytest
 from farm.report.benchmark_v3 import records
 from farm.results.gate import evaluate
 from farm.vocab import Outcome
-from tests.support.plugin import explain
 from tests.report.test_html import sample_run, write_results
+from tests.support.plugin import explain
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "support" / "schemas" / "pytorch-benchmark-v3.schema.json").read_text())
 

@@ -10,15 +10,15 @@ import time
 import pytest
 
 from farm.config import from_dict
+from farm.db.migrations import SCHEMA_VERSION
 from farm.errors import UsageError
 from farm.pool import Pool
-from farm.db.migrations import SCHEMA_VERSION
+from farm.pool.events import infra_events, last_event_id
 from farm.report.directory import write_reports
 from farm.results.jsonfile import load_results
 from farm.results.records import Measurement
-from farm.vocab import Outcome
-from farm.pool.events import infra_events, last_event_id
 from farm.results.store import ResultsStore
+from farm.vocab import Outcome
 from tests.support.pool import fake_device
 from tests.support.results import make_run
 

@@ -337,8 +337,8 @@ def test_a_virtual_device_forks_its_runs_from_a_zygote(virtual_farm, tiny_bundle
     """The device's first run starts the zygote and waits for it; later runs fork from it, with
     the same tokens, no note on stderr, and the zygote living inside the device's view."""
     from farm.bundle.manifest import load
-    from farm.execute.deploy import deploy
     from farm.device.discovery import find_device
+    from farm.execute.deploy import deploy
     from farm.execute.run import run
     from farm.execute.runprofile import RunRequest
     from farm.virtual import VirtualDeviceSpec

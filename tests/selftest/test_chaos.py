@@ -1,20 +1,19 @@
 """The fault matrix of `farm chaos`: every row is a test. Each scenario injects its fault for real and
-checks outcomes, the report, the pool's event log and the files (see farm/chaos.py); here every check
-must hold and no finished result may be lost."""
+checks outcomes, the report, the pool's event log and the files (see farm/selftest/chaos.py); here
+every check must hold and no finished result may be lost."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
 from farm.selftest.chaos import SCENARIOS, run_scenario
+from farm.selftest.postgres import pg_base_url
 
 
 @pytest.mark.parametrize("name", [pytest.param(s.name, marks=[pytest.mark.postgres])
                                   if s.name == "pool-down" else s.name for s in SCENARIOS])
 def test_fault_is_survived_and_nothing_is_lost(name, tmp_path, tiny_bundle):
-    if name == "pool-down" and os.environ.get("PTEFARM_TEST_PG_URL") == "":
+    if name == "pool-down" and pg_base_url() is None:
         pytest.skip("PTEFARM_TEST_PG_URL is empty: PostgreSQL tests disabled")
     obs = run_scenario(name, tmp_path / name, tiny_bundle)
     assert obs.survived, f"{obs.observed}\nfailed checks: {obs.failed_checks()}"

@@ -4,12 +4,12 @@ counter of the sync streams a device opens."""
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from pathlib import Path
 
 from farm.bundle.manifest import Bundle, Mode, describe_file
+from farm.selftest.bundles import write
 from tests.support.runner_help_texts import BY_DIALECT
 
 # A stand-in for qnn_llama_runner. It writes, as outputs.txt, a JSON report of exactly what it
@@ -51,14 +51,6 @@ print("PyTorchObserver " + json.dumps({"prompt_tokens": 10, "generated_tokens": 
       "inference_start_ms": 1000, "prompt_eval_end_ms": 1100, "first_token_ms": 1100,
       "inference_end_ms": 1600}))
 '''
-
-
-def write(path: Path, data: bytes | str, mode: int | None = None) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data.encode() if isinstance(data, str) else data)
-    if mode is not None:
-        os.chmod(path, mode)
-    return path
 
 
 def make_qnn_bundle(root: Path, name: str = "fake-qnn", *, dialect: str = "qnn-v1.0",

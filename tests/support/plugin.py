@@ -13,6 +13,8 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Skipped
 
+from farm.selftest.pytest_files import farm_toml  # noqa: F401  (re-exported: the plugin tests' config)
+
 REPO = Path(__file__).resolve().parents[2]
 SUITES = REPO / "suites"
 
@@ -64,14 +66,6 @@ def results_json(out: Path) -> dict:
 
 def write_cases(path: Path, text: str) -> Path:
     path.write_text(textwrap.dedent(text))
-    return path
-
-
-def farm_toml(path: Path, adb_port: int, pool_url: str, **pool) -> Path:
-    lines = ["[[adb_servers]]", 'host = "127.0.0.1"', f"port = {adb_port}", "", "[pool]",
-             f'url = "{pool_url}"']
-    lines += [f"{k} = {v}" for k, v in pool.items()]
-    path.write_text("\n".join(lines) + "\n")
     return path
 
 

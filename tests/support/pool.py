@@ -22,29 +22,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 
 from farm.device.probe import DeviceInfo
+from farm.selftest.postgres import PG_ENV, pg_base_url, with_search_path
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
-PG_ENV = "PTEFARM_TEST_PG_URL"
-
-
-def pg_base_url() -> str | None:
-    """The test server's URL; None only when the variable is explicitly empty (opt-out)."""
-    value = os.environ.get(PG_ENV)
-    if value is None:
-        return DEFAULT_PG_URL
-    return value or None
-
-
-def with_search_path(url: str, schema: str) -> str:
-    """``url`` whose sessions use ``schema`` (libpq's options parameter sets search_path)."""
-    sep = "&" if "?" in url else "?"
-    return f"{url}{sep}options={quote(f'-csearch_path={schema}', safe='')}"
 
 
 def fake_device(serial: str, soc: str = "SM8650", htp_arch: str | None = "v75", *,

@@ -16,9 +16,8 @@ import pytest
 
 from farm.device.discovery import find_device
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
-from farm.virtual.confine import host_runtime_paths
 from farm.virtual import manager as manager_mod
-from farm.virtual.confine import BWRAP_ENV, UNCONFINED_ENV, ConfinementUnavailable
+from farm.virtual.confine import BWRAP_ENV, UNCONFINED_ENV, ConfinementUnavailable, host_runtime_paths
 
 # What / holds inside a view: Android's directories, the merged-/usr links, and the top directories
 # of the read-only host pieces Python needs (the venv, the base interpreter, the farm package).

@@ -10,11 +10,9 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from farm.device.adb_server import AdbServer
 from farm.cli.virtual import parse_soc_counts, virtual
+from farm.device.adb_server import AdbServer
 from farm.errors import UsageError
-
-
 
 
 def _alive(pid: int) -> bool:

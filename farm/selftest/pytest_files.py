@@ -1,0 +1,24 @@
+"""What a pytest run of the ptefarm plugin is given, written by hand, for `farm chaos` and the
+project's tests: a test file that generates once per prompt, and the farm's config (farm.toml)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# .format(prompts=[...], seq_len=N): test_generate[SOC-PROMPT], one a prompt and SoC.
+GENERATE_TEST = """
+import pytest
+
+@pytest.mark.parametrize("prompt", {prompts!r})
+def test_generate(llm, prompt):
+    result = llm.generate(prompt, mode="kv", seq_len={seq_len})
+    assert result.text
+"""
+
+
+def farm_toml(path: Path, adb_port: int, pool_url: str, **pool) -> Path:
+    lines = ["[[adb_servers]]", 'host = "127.0.0.1"', f"port = {adb_port}", "", "[pool]",
+             f'url = "{pool_url}"']
+    lines += [f"{k} = {v}" for k, v in pool.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
