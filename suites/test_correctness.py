@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from ptefarm_suites.cases import golden_for
 from farm.errors import UsageError
+from ptefarm_suites.cases import golden_for
 
 from ._data import bundle_goldens, correctness_points
+from .checks import golden_ids_mismatch, golden_text_mismatch
 
 ASSISTANT_HEADER = "<|start_header_id|>assistant<|end_header_id|>\n\n"
 
@@ -64,11 +65,7 @@ def test_matches_golden(llm, point, goldens):
         if result.generated_ids is None:
             raise UsageError(f"golden for {point.case.name!r} gives token ids, but runner dialect "
                              f"{llm.bundle.runner_dialect!r} writes none: give a text_prefix")
-        got = result.generated_ids[:len(golden.token_ids)]
-        assert got == list(golden.token_ids), \
-            f"generated ids {got} do not start with the golden {list(golden.token_ids)}"
+        problem = golden_ids_mismatch(result.generated_ids, golden.token_ids)
     else:
-        text = generated_text(result.text)
-        expected = golden.text_prefix or ""
-        assert text.startswith(expected), \
-            f"output {text[:len(expected) + 40]!r} does not start with the golden {expected!r}"
+        problem = golden_text_mismatch(generated_text(result.text), golden.text_prefix or "")
+    assert problem is None, problem

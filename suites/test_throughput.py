@@ -13,6 +13,7 @@ import pytest
 from ptefarm_suites.cases import RelativeRule, Thresholds
 
 from ._data import bundle_thresholds
+from .checks import below_minimum, too_slow
 
 PHONE_MAX_TEMP_C = 40.0
 pytestmark = [pytest.mark.throughput, pytest.mark.release]
@@ -89,11 +90,9 @@ def test_min_throughput(llm, farm, thresholds, record_measurement, point):
         pytest.skip(f"runner dialect {llm.bundle.runner_dialect!r} has no {updater}")
     runs = measure(llm, farm, thresholds, record_measurement, mode=mode, seq_len=seq_len,
                    updater=updater, threshold=rule.tok_s)
-    median = statistics.median(runs)
     llm.record("threshold_tok_s", rule.tok_s)
-    assert median >= rule.tok_s, (
-        f"{updater} {mode} seq_len {seq_len} on {_where(llm.device)}: median {median:.1f} tok/s "
-        f"< minimum {rule.tok_s:g} (runs: {', '.join(f'{r:.1f}' for r in runs)})")
+    problem = below_minimum(runs, rule.tok_s)
+    assert problem is None, f"{updater} {mode} seq_len {seq_len} on {_where(llm.device)}: {problem}"
 
 
 def test_relative_throughput(llm, farm, thresholds, record_measurement, point):
@@ -103,11 +102,9 @@ def test_relative_throughput(llm, farm, thresholds, record_measurement, point):
     missing = [u for u in (rule.faster, rule.slower) if u not in llm.updaters]
     if missing:
         pytest.skip(f"runner dialect {llm.bundle.runner_dialect!r} has no {', '.join(missing)}")
-    fast = statistics.median(measure(llm, farm, thresholds, record_measurement, mode=rule.mode,
-                                     seq_len=rule.seq_len, updater=rule.faster))
-    slow = statistics.median(measure(llm, farm, thresholds, record_measurement, mode=rule.mode,
-                                     seq_len=rule.seq_len, updater=rule.slower))
-    floor = slow * (1 - rule.max_slowdown_pct / 100)
-    assert fast >= floor, (
-        f"{rule.faster} {fast:.1f} tok/s is more than {rule.max_slowdown_pct:g}% slower than "
-        f"{rule.slower} {slow:.1f} tok/s ({rule.mode}, seq_len {rule.seq_len}) on {_where(llm.device)}")
+    fast = measure(llm, farm, thresholds, record_measurement, mode=rule.mode, seq_len=rule.seq_len,
+                   updater=rule.faster)
+    slow = measure(llm, farm, thresholds, record_measurement, mode=rule.mode, seq_len=rule.seq_len,
+                   updater=rule.slower)
+    problem = too_slow(rule.faster, fast, rule.slower, slow, rule.max_slowdown_pct)
+    assert problem is None, f"{problem} ({rule.mode}, seq_len {rule.seq_len}) on {_where(llm.device)}"

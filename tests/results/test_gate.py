@@ -178,3 +178,21 @@ def test_exit_codes_combine_tests_and_gate():
     assert exit_code(Verdict.PASS, clean) == ExitCode.OK
     assert exit_code("pass", None) == ExitCode.OK
     assert exit_code(Verdict.PASS, regressed, interrupted=True) == ExitCode.INTERRUPTED
+
+
+@pytest.mark.parametrize("now_median, want", [(90.5, PointVerdict.UNCHANGED), (89.0, PointVerdict.REGRESSED)])
+def test_the_effect_size_is_relative_to_the_baselines_median(now_median, want):
+    """A 9.5% drop from a baseline of 100 is within a 10% minimum effect; 11% is not. Relative to the
+    new median instead, 100 -> 90.5 would read as 10.5% and fail a merge that moved less than allowed."""
+    base = [99.0, 99.5, 100.0, 100.5, 101.0, 100.0, 100.0, 100.0]
+    now = [now_median + d for d in (-1.0, -0.5, 0.0, 0.5, 1.0, 0.0, 0.0, 0.0)]
+    verdict, p, reason = compare_samples(now, base, GateConfig(min_effect=0.10))
+    assert verdict == want, reason
+    assert f"median {(now_median - 100.0):+.1f}%" in reason  # baseline 100: percent = difference
+    assert p is not None and p < 0.05
+
+
+def test_a_points_delta_is_relative_to_the_baseline():
+    now = _run("now", [_tput("SM8650", "a", "SmartMask", [80.0, 80.0, 80.0])])
+    base = _run("base", [_tput("SM8650", "a", "SmartMask", [100.0, 100.0, 100.0])])
+    assert evaluate(now, base).points[0].delta == pytest.approx(-0.20)

@@ -1,0 +1,45 @@
+"""The suites' verdicts (suites/checks.py) on measured values: medians, not the best run; goldens
+matched to their end, not as far as the runner got."""
+
+from __future__ import annotations
+
+import pytest
+
+from ptefarm_suites.checks import below_minimum, golden_ids_mismatch, golden_text_mismatch, too_slow
+
+
+def test_a_minimum_is_judged_on_the_median_not_the_best_run():
+    assert below_minimum([10.0, 11.0, 95.0], 50.0) == ("median 11.0 tok/s < minimum 50 "
+                                                       "(runs: 10.0, 11.0, 95.0)")
+    assert below_minimum([49.0, 60.0, 61.0], 50.0) is None
+    assert below_minimum([50.0], 50.0) is None  # the minimum itself passes
+    assert below_minimum([49.9], 50.0) is not None
+
+
+def test_a_minimum_with_no_run_is_never_met():
+    assert below_minimum([], 1.0) is not None
+
+
+def test_a_relative_rule_compares_medians():
+    # The faster updater's best run is faster than the other's median; its median is 20% slower.
+    problem = too_slow("SmartMask", [40.0, 40.0, 100.0], "ShiftPointer", [50.0, 50.0, 50.0], 10.0)
+    assert problem == "SmartMask 40.0 tok/s is more than 10% slower than ShiftPointer 50.0 tok/s"
+    assert too_slow("SmartMask", [45.0, 46.0, 1.0], "ShiftPointer", [50.0, 50.0, 99.0], 10.0) is None
+    assert too_slow("SmartMask", [45.0], "ShiftPointer", [50.0], 10.0) is None  # exactly at the floor
+    assert too_slow("SmartMask", [44.9], "ShiftPointer", [50.0], 10.0) is not None
+
+
+@pytest.mark.parametrize("generated", [[5, 6], [5], []])
+def test_a_run_that_stopped_before_the_goldens_end_does_not_match_it(generated):
+    assert golden_ids_mismatch(generated, [5, 6, 7]) is not None
+
+
+def test_golden_ids_are_a_prefix_of_what_was_generated():
+    assert golden_ids_mismatch([5, 6, 7, 8, 9], [5, 6, 7]) is None
+    assert golden_ids_mismatch([5, 6, 8, 8], [5, 6, 7]) == "generated ids [5, 6, 8] do not start with the golden [5, 6, 7]"
+
+
+def test_golden_text_is_a_prefix():
+    assert golden_text_mismatch("Once upon a time, a fox", "Once upon a time,") is None
+    assert golden_text_mismatch("Once upon", "Once upon a time,") is not None
+    assert golden_text_mismatch("Twice upon a time,", "Once") is not None
