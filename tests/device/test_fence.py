@@ -16,12 +16,14 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from farm.errors import InfraError, LeaseError, LeaseLost
 from farm.pool import Holder, LeaseRequest, Pool
+from farm.pool.leases import fence_clock, fence_margin
 from tests.support.pool import REPO, fake_device
 
 # -- the cheap check ---------------------------------------------------------------------------------
@@ -81,24 +83,119 @@ def test_heartbeat_keeps_the_fence_open(pool):
         lease.check()
 
 
+class _SlowReader:
+    """A pool store whose reads stall (a GC pause, a loaded host) before they start and again after
+    the pool's clock was read in them: a waiter that reads its grant late."""
+
+    def __init__(self, store, stall_s: float):
+        self._store, self._stall_s = store, stall_s
+        self.reads = 0
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    @contextmanager
+    def read(self):
+        self.reads += 1
+        time.sleep(self._stall_s)  # granted already, but not reading it yet
+        with self._store.read() as txn:
+            yield _SlowTxn(txn, self._stall_s)
+
+
+class _SlowTxn:
+    def __init__(self, txn, stall_s: float):
+        self._txn, self._stall_s = txn, stall_s
+
+    def __getattr__(self, name):
+        return getattr(self._txn, name)
+
+    def all_of(self, *queries):
+        rows = self._txn.all_of(*queries)
+        time.sleep(self._stall_s)  # the pool's "now" of this read is behind us
+        return rows
+
+
+def _pool_now_minus_fence_clock(pool) -> float:
+    """(pool clock) - (fence clock), never more than the true offset: the fence clock is read after
+    the pool's, so a deadline converted with it is never later than the true one."""
+    with pool.store.read() as txn:
+        now = txn.now
+    return now - fence_clock()
+
+
 def test_a_lease_granted_while_waiting_is_fenced_from_its_grant(pool):
     """A waiter granted a lease by another process's release gets the time left of that lease, not a
-    fresh TTL from when it noticed."""
+    fresh TTL from when it noticed: however late it reads its grant, its fence deadline is never
+    later than the pool's expiry of the lease minus the margin, on the pool's clock."""
     pool.sync([fake_device("dev0")])
     first = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=5)
+    ttl, stall = 5.0, 0.4
     with Pool.open(pool.store.url, poll_s=0.02) as other:
         import threading
 
+        other.store = _SlowReader(other.store, stall)
         got = {}
         waiter = threading.Thread(target=lambda: got.setdefault(
-            "lease", other.acquire(LeaseRequest(serial="dev0"), ttl_s=0.8, timeout_s=10)))
+            "lease", other.acquire(LeaseRequest(serial="dev0"), ttl_s=ttl, timeout_s=30)))
         waiter.start()
         time.sleep(0.3)
         first.release()
-        waiter.join(10)
+        waiter.join(30)
         lease = got["lease"]
-        assert 0 < lease.remaining_s() <= 0.8
+        assert other.store.reads >= 1, "the waiter was to read its grant (late), not to write for it"
+        offset = _pool_now_minus_fence_clock(pool)
+        deadline_on_pool_clock = lease.valid_until + offset
+        latest = lease.info.expires - fence_margin(ttl)
+        assert deadline_on_pool_clock <= latest, (
+            f"fence deadline {deadline_on_pool_clock - latest:.3f}s past the pool's expiry of the "
+            f"lease minus the margin ({fence_margin(ttl)}s)")
+        assert 0 < lease.remaining_s() <= ttl - fence_margin(ttl) - stall
         lease.release()
+
+
+# -- the device refuses a superseded holder --------------------------------------------------------
+
+def test_device_refuses_a_superseded_holder_whose_own_clock_still_trusts_its_lease(sqlite_pool_url,
+                                                                                  virtual_farm):
+    """The old holder does not know it lost the device (its lease was ended in the pool, its own
+    deadline is minutes away, so ``Lease.check`` lets it through): the device itself refuses its
+    command once a newer lease has claimed the fence, and the command leaves no trace."""
+    from farm.device.discovery import discover, find_device
+    from farm.device.fence import FENCED_EXIT, FENCED_MARK, FencedDevice
+    from farm.virtual import VirtualDeviceSpec
+
+    (record,) = virtual_farm.up([VirtualDeviceSpec(soc="SM8650")])
+    with Pool.open(sqlite_pool_url, poll_s=0.02) as pool:
+        pool.sync(discover([virtual_farm.adb_server]), [virtual_farm.adb_server])
+        adb = find_device([virtual_farm.adb_server], record.serial)
+        old = pool.acquire(LeaseRequest(serial=record.serial), Holder.current("old holder"),
+                           ttl_s=600, timeout_s=10)
+        old_device = FencedDevice(adb, old)
+        old_device.claim()
+        ws = adb.workspace
+        assert old_device.shell(f"echo old-0 > {ws}/old-0", timeout=20).exit_code == 0
+        # The pool ends the old lease behind its holder's back and grants the device anew.
+        pool.release(old.token)
+        with pool.acquire(LeaseRequest(serial=record.serial), Holder.current("new holder"),
+                          ttl_s=600, timeout_s=10) as new:
+            new_device = FencedDevice(adb, new)
+            new_device.claim()
+
+            old.check()  # the old holder's own clock still trusts its lease: only the device can stop it
+            assert old.remaining_s() > 60
+            for check in (False, True):
+                with pytest.raises(LeaseLost, match="held by another lease") as caught:
+                    old_device.shell(f"echo old-late > {ws}/old-late", timeout=20, check=check)
+                assert caught.value.serial == record.serial and FENCED_MARK in str(caught.value)
+
+            # Nothing of it happened on the device; the new holder's commands run as usual.
+            probe = new_device.shell(f"test -e {ws}/old-late; echo $?", timeout=20, check=True)
+            assert probe.out.strip() == "1", probe
+            assert not record.host_path(f"{ws}/old-late").exists()
+            assert new_device.shell(f"cat {ws}/old-0", timeout=20, check=True).out == "old-0\n"
+            # A command of the holder's own that happens to exit 75 is its result, not a refusal.
+            mine = new_device.shell(f"echo {FENCED_MARK} on stdout; exit {FENCED_EXIT}", timeout=20)
+            assert mine.exit_code == FENCED_EXIT
 
 
 # -- a holder stopped past its TTL -------------------------------------------------------------------

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Mutation testing of the verdict paths ([tool.mutmut] in pyproject.toml): every mutant of those modules
+# against the fast tests that reach it; prints the score per module and every surviving mutant.
+# Not part of ci/test.sh (it takes minutes); run it when a verdict path or its tests change.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ci/setup.sh
+# shellcheck disable=SC1091
+. .venv/bin/activate
+ci/start-postgres.sh >/dev/null
+export PTEFARM_TEST_PG_URL=${PTEFARM_TEST_PG_URL-postgresql://postgres@127.0.0.1:5432/test}
+export PTEFARM_HOME=${PTEFARM_TEST_HOME:-$PWD/.farm/test-home}
+python -m pip install -q "mutmut==3.8.1"
+rm -rf mutants  # mutmut resumes from mutants/; a fresh copy measures the tree as it is
+mutmut run --max-children "${PTEFARM_MUTATION_JOBS:-2}" >/dev/null 2>&1 || true
+python ci/mutation_report.py
