@@ -68,12 +68,17 @@ def _point_tokenizer_at(manifest: Path, target: Path, rel: str) -> None:
     _edit_manifest(manifest, edit)
 
 
-@pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink", "symlinked-dir"])
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink", "symlinked-dir", "sibling-prefix",
+                                 "symlink-to-sibling-prefix"])
 def test_path_outside_the_manifest_directory_is_refused(tmp_path, how):
     manifest = make_qnn_bundle(tmp_path / "bundles" / "b")
-    secret = write(tmp_path / "outside" / "hostname", "not for the device\n")
-    rel = {"dotdot": "../../outside/hostname", "absolute": str(secret)}.get(how)
-    if how == "symlink":
+    # A sibling whose name starts with the bundle directory's (bundles/b-evil beside bundles/b) is
+    # outside it as much as any other directory: containment is by path components, not by prefix.
+    outside = tmp_path / "bundles" / "b-evil" if "sibling-prefix" in how else tmp_path / "outside"
+    secret = write(outside / "hostname", "not for the device\n")
+    rel = {"dotdot": "../../outside/hostname", "absolute": str(secret),
+           "sibling-prefix": "../b-evil/hostname"}.get(how)
+    if how in ("symlink", "symlink-to-sibling-prefix"):
         (manifest.parent / "link.model").symlink_to(secret)
         rel = "link.model"
     elif how == "symlinked-dir":
@@ -91,6 +96,23 @@ def test_path_outside_the_manifest_directory_is_refused(tmp_path, how):
     result = _farm("bundle", "verify", str(manifest))  # the CLI runs the same checks
     assert result.exit_code == 2 and f"files[{index}]" in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_verify_refuses_a_file_swapped_for_a_link_into_a_sibling_prefix_directory(tmp_path):
+    """After loading, a bundle file replaced by a link into bundles/b-evil (same bytes, so size and
+    sha256 still match) is refused: verify_bundle re-checks containment, by components."""
+    manifest = make_qnn_bundle(tmp_path / "bundles" / "b")
+    b = bundle_mod.load(manifest, verify=True)
+    tokenizer = manifest.parent / "tokenizer.model"
+    twin = write(tmp_path / "bundles" / "b-evil" / "tokenizer.model", tokenizer.read_text())
+    tokenizer.unlink()
+    tokenizer.symlink_to(twin)
+    index = [f.name for f in b.files].index("tokenizer.model")
+    with pytest.raises(UsageError, match=r"outside the manifest's directory") as caught:
+        verify_bundle(b)
+    assert f"files[{index}]" in str(caught.value) and "b-evil" in str(caught.value)
+    with pytest.raises(UsageError, match=r"outside the manifest's directory"):
+        bundle_mod.load(manifest, verify=True)
 
 
 def test_symlink_inside_the_bundle_is_fine(tmp_path):
