@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from farm.bundle import manifest as bundle_mod
-from farm.bundle.manifest import Bundle, Mode, describe_file
+from farm.bundle.manifest import Bundle, describe_file
 from farm.errors import FarmError, UsageError
 from farm.execute import deploy as deploy_mod
 from farm.execute.deploy import PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace, deploy
@@ -37,6 +37,7 @@ from farm.execute.runprofile import RunRequest
 from tests.support.devices import make_qnn_bundle
 from tests.support.fake_device import CHUNK, FakeDevice
 from tests.support.hostfs import coarse_timestamps, same_tick, start_of_a_second
+from tests.support.random_bundle import make_bundle
 
 
 def _sha(data: bytes) -> str:
@@ -52,17 +53,6 @@ def _record(device: FakeDevice, bundle: Bundle) -> dict:
     return json.loads(path.read_text())["files"] if path.exists() else {}
 
 
-def make_bundle(root: Path, name: str, sizes: dict[str, int]) -> Bundle:
-    """A bundle of random files (content no bug can produce by accident)."""
-    root.mkdir(parents=True, exist_ok=True)
-    files = []
-    for file_name, size in sizes.items():
-        path = root / file_name
-        path.write_bytes(os.urandom(size))
-        files.append(describe_file(root, path, role="pte" if file_name.endswith(".pte") else "other"))
-    first = next(iter(sizes))
-    return Bundle(name=name, runner_dialect="host", tokenizer=first, files=files,
-                  modes={"kv": Mode(first, 0, 1)})
 
 
 def _nothing_claims(device: FakeDevice, bundle: Bundle, name: str, bad: bytes) -> None:

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from farm.bundle.manifest import Bundle, Mode, describe_file
 from farm.device.discovery import find_device
 from farm.errors import AdbError, UsageError
 from farm.execute import deploy as deploy_mod
@@ -29,6 +28,7 @@ from farm.execute.deploy import IN_FLIGHT, PARTIAL_SUFFIX, RECORD_NAME, bundle_w
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
 from tests.support.devices import wait_for_sync_sessions_to_end
 from tests.support.fake_device import FakeDevice
+from tests.support.random_bundle import make_bundle
 
 MB = 1 << 20
 
@@ -48,17 +48,6 @@ def device(virtual):
     return device
 
 
-def make_bundle(root: Path, name: str, sizes: dict[str, int]) -> Bundle:
-    """A bundle of random files (content that no bug can produce by accident)."""
-    root.mkdir(parents=True, exist_ok=True)
-    files = []
-    for file_name, size in sizes.items():
-        path = root / file_name
-        path.write_bytes(os.urandom(size))
-        files.append(describe_file(root, path, role="pte" if file_name.endswith(".pte") else "other"))
-    first = next(iter(sizes))
-    return Bundle(name=name, runner_dialect="host", tokenizer=first, files=files,
-                  modes={"kv": Mode(first, 0, 1)})
 
 
 SIZES = {"model.pte": 3 * MB + 17, "libA.so": 700_001, "libB.so": 300_000, "libC.so": 1, "empty.so": 0}
