@@ -177,19 +177,32 @@ class Pool:
         liveness_s = self.settings.liveness_s
         if liveness_s is not None and not 0 < liveness_s < float("inf"):
             raise ValueError(f"liveness_s must be finite and > 0, got {liveness_s}")
-        self.liveness_s = liveness_s
         self.device_tags = None if device_tags is None else \
             {serial: tuple(tags) for serial, tags in device_tags.items()}
         self.store = store
-        self.quarantine_after = self.settings.quarantine_after
         if not 0 <= failure_window_s < float("inf"):
             raise ValueError(f"failure_window_s must be finite and >= 0, got {failure_window_s}")
         self.failure_window_s = failure_window_s
-        self.default_ttl_s = self.settings.lease_ttl_s
-        self.default_timeout_s = self.settings.acquire_timeout_s
         self.poll_s = poll_s
         self.waiter_stale_s = waiter_stale_s
         self._stale_checked = 0.0
+
+    # The settings as the pool's code reads them: one source (``settings``), never a copy.
+    @property
+    def liveness_s(self) -> float | None:
+        return self.settings.liveness_s
+
+    @property
+    def quarantine_after(self) -> int:
+        return self.settings.quarantine_after
+
+    @property
+    def default_ttl_s(self) -> float:
+        return self.settings.lease_ttl_s
+
+    @property
+    def default_timeout_s(self) -> float:
+        return self.settings.acquire_timeout_s
 
     @classmethod
     def open(cls, url: str, settings: PoolConfig | None = None, *, connect_timeout_s: float = 10.0,

@@ -121,7 +121,6 @@ def reclaim_expired(txn: Txn) -> int:
     return len(expired)
 
 
-
 def token_problem(txn: Txn, token: str, row: dict[str, Any] | None, serial: str | None = None) -> str:
     """Why ``token`` holds no lease (``row``: its leases row, None when the pool has none).
 
