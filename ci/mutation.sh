@@ -2,6 +2,9 @@
 # Mutation testing of the verdict paths ([tool.mutmut] in pyproject.toml): every mutant of those modules
 # against the fast tests that reach it; prints the score per module and every surviving mutant.
 # Not part of ci/test.sh (it takes minutes); run it when a verdict path or its tests change.
+#   ci/mutation.sh                          every module
+#   ci/mutation.sh farm.execute.compare     only that module's mutants (any mutmut name glob works)
+# PTEFARM_MUTATION_JOBS sets the parallel children (default 2); MUTATION_REPORT_ARGS=--diffs prints diffs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/setup.sh
@@ -12,5 +15,12 @@ export PTEFARM_TEST_PG_URL=${PTEFARM_TEST_PG_URL-postgresql://postgres@127.0.0.1
 export PTEFARM_HOME=${PTEFARM_TEST_HOME:-$PWD/.farm/test-home}
 python -m pip install -q "mutmut==3.8.1"
 rm -rf mutants  # mutmut resumes from mutants/; a fresh copy measures the tree as it is
-mutmut run --max-children "${PTEFARM_MUTATION_JOBS:-2}" >/dev/null 2>&1 || true
-python ci/mutation_report.py
+globs=()
+for m in "$@"; do
+  case "$m" in *'*'*) globs+=("$m") ;; *) globs+=("$m.*") ;; esac
+done
+started=$(date +%s)
+mutmut run --max-children "${PTEFARM_MUTATION_JOBS:-2}" "${globs[@]}" >mutants.log 2>&1 || true
+echo "mutation run: $(( $(date +%s) - started )) s (mutmut's output: mutants.log)"
+# shellcheck disable=SC2086
+python ci/mutation_report.py ${MUTATION_REPORT_ARGS:-}

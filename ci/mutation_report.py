@@ -1,13 +1,32 @@
 """The mutation run's score per module, and every surviving mutant with its diff (from `mutmut`).
 
-Killed: a test failed (or timed out) on the mutant. Survived: every test that reaches it passed. No
-tests: no selected test reaches the mutated function (listed, not counted in the score)."""
+Killed: a test failed (or timed out) on the mutant. Survived: every test that reaches it passed.
+Equivalent: a survivor judged to behave exactly as the original, recorded with its reason in
+`ci/mutation_equivalents/<module>.toml`; an entry whose mutant no longer makes that change (the source
+moved and mutmut renumbered its mutants) is reported stale and the mutant counts as a survivor again.
+No tests: no selected test reaches the mutated function (listed, not counted in the score).
+
+The score is killed / (killed + survived), equivalents left out of both."""
 
 from __future__ import annotations
 
+import argparse
 import collections
 import subprocess
 import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+EQUIVALENTS = Path(__file__).resolve().parent / "mutation_equivalents"
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    mutant: str
+    mutated: str  # the mutant's added lines, stripped and joined by newlines, as `mutated_lines` gives
+    reason: str
+    source: Path
 
 
 def results() -> dict[str, str]:
@@ -24,31 +43,94 @@ def module_of(mutant: str) -> str:
     return mutant.split(".x_")[0].split(".xǁ")[0]
 
 
-def main() -> int:
+def diff_of(mutant: str) -> str:
+    # In-process: `mutmut show` costs a second and a half of start-up per mutant.
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    return get_diff_for_mutant(mutant)
+
+
+def mutated_lines(diff: str) -> str:
+    return "\n".join(line[1:].strip() for line in diff.splitlines()
+                     if line.startswith("+") and not line.startswith("+++"))
+
+
+def load_equivalents(folder: Path = EQUIVALENTS) -> dict[str, Equivalent]:
+    found: dict[str, Equivalent] = {}
+    for path in sorted(folder.glob("*.toml")):
+        try:
+            entries = tomllib.loads(path.read_text()).get("equivalent", [])
+        except tomllib.TOMLDecodeError as e:
+            raise SystemExit(f"{path}: not a list of [[equivalent]] entries ({e})") from e
+        for i, entry in enumerate(entries):
+            missing = {"mutant", "mutated", "reason"} - entry.keys()
+            if missing:
+                raise SystemExit(f"{path}: entry {i + 1} lacks {', '.join(sorted(missing))}")
+            if not entry["reason"].strip():
+                raise SystemExit(f"{path}: entry {i + 1} ({entry['mutant']}) gives no reason")
+            found[entry["mutant"]] = Equivalent(entry["mutant"], entry["mutated"].strip(),
+                                                entry["reason"], path)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--diffs", action="store_true", help="print each survivor's diff")
+    args = parser.parse_args(argv)
     found = results()
     if not found:
         print("mutation_report: mutmut reported no mutants (did `mutmut run` fail? see mutants/)",
               file=sys.stderr)
         return 2
+    equivalents = load_equivalents()
+    stale: list[tuple[Equivalent, str]] = []
+    survivors: dict[str, str] = {}
+    for name, status in found.items():
+        if status != "survived":
+            continue
+        diff = diff_of(name)
+        judged = equivalents.get(name)
+        if judged is not None:
+            if mutated_lines(diff) == judged.mutated:
+                found[name] = "equivalent"
+                continue
+            stale.append((judged, mutated_lines(diff)))
+        survivors[name] = diff
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for name, status in found.items():
         counts[module_of(name)][status] += 1
-    print(f"{'module':<32} {'killed':>7} {'survived':>9} {'no tests':>9} {'score':>7}")
-    total = collections.Counter()
+    header = f"{'module':<32} {'killed':>7} {'survived':>9} {'equivalent':>11} {'no tests':>9} {'score':>7}"
+    print(header)
+    total: collections.Counter = collections.Counter()
     for module, c in sorted(counts.items()):
         killed = c["killed"] + c["timeout"]
-        judged = killed + c["survived"]
-        total.update(killed=killed, survived=c["survived"], none=c["no tests"])
-        print(f"{module:<32} {killed:>7} {c['survived']:>9} {c['no tests']:>9} "
-              f"{(100 * killed / judged if judged else 100):>6.1f}%")
-    judged = total["killed"] + total["survived"]
-    print(f"{'all':<32} {total['killed']:>7} {total['survived']:>9} {total['none']:>9} "
-          f"{100 * total['killed'] / max(judged, 1):>6.1f}%")
-    print("\nsurvivors (mutmut show NAME for the diff):")
-    for name, status in sorted(found.items()):
-        if status == "survived":
+        row = collections.Counter(killed=killed, survived=c["survived"], equivalent=c["equivalent"],
+                                  none=c["no tests"])
+        total.update(row)
+        print(_row(module, row))
+    print(_row("all", total))
+    if survivors:
+        print("\nsurvivors (`mutmut show NAME` for the diff; --diffs prints them here):")
+        for name, diff in sorted(survivors.items()):
             print(f"  {name}")
+            if args.diffs:
+                print("\n".join("      " + line for line in diff.splitlines()))
+    if stale:
+        print("\nstale equivalents (the mutant now makes another change; judge it again):")
+        for entry, now in stale:
+            print(f"  {entry.mutant} ({entry.source.name}): recorded {entry.mutated!r}, now {now!r}")
+    unused = sorted(set(equivalents) - set(found))
+    if unused:
+        print("\nequivalents naming no mutant of this run:")
+        for name in unused:
+            print(f"  {name} ({equivalents[name].source.name})")
     return 0
+
+
+def _row(module: str, c: collections.Counter) -> str:
+    judged = c["killed"] + c["survived"]
+    score = f"{100 * c['killed'] / judged:>6.1f}%" if judged else f"{'-':>7}"
+    return (f"{module:<32} {c['killed']:>7} {c['survived']:>9} {c['equivalent']:>11} {c['none']:>9} "
+            f"{score}")
 
 
 if __name__ == "__main__":
