@@ -8,6 +8,9 @@ Three dialects exist (see the ExecuTorch fact sheet):
 - ``host``: ``farm-llama-runner``, the farm's reference runner, v1.0.1's flags plus ``--token_ids_path``
   and ``--seed``.
 
+The dialect only decides the flags: the binary is always the bundle's declared ``runner`` (``./NAME`` in
+its workspace), and ``farm-llama-runner`` from PATH only for a bundle that declares none.
+
 A manifest may say ``"runner_dialect": "auto"`` (or, for a QNN runner, leave it out): the dialect is then
 read from the runner's own ``--help`` on the device (``detect_dialect``; farm.execute.run asks once per runner
 and device). A declared dialect is checked the same way: a runner whose help names another dialect's
@@ -180,12 +183,13 @@ def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str,
                          f"{request.mode!r} (modes: {', '.join(sorted(bundle.modes))})")
     mode = bundle.modes[request.mode]
     outputs = {"outputs": OUTPUTS, "speed": SPEED}
-    if dialect == Dialect.HOST:
-        argv = [HOST_RUNNER]
-    else:
+    # The dialect decides the flags, never the binary: a bundle that declares a runner runs that runner,
+    # even one that speaks the host runner's flags (a wrapper passing --help through to it), or the
+    # bundle's own runner would never be exercised while its run passed.
+    argv = [runner_path(bundle)]
+    if dialect != Dialect.HOST:
         if not bundle.runner:
             raise UsageError(f"{bundle.manifest_path}: dialect '{dialect}' needs field 'runner'")
-        argv = ["./" + bundle.runner]
         if request.seed is not None and request.temperature > 0:
             raise UsageError(f"runner dialect '{dialect}' has no --seed: sampling at temperature "
                              f"{request.temperature:g} cannot be made reproducible")

@@ -183,3 +183,22 @@ def test_runner_not_deployed_yet_is_asked_again(device):
         runner_dialect(dev, bundle)  # nothing deployed: the shell cannot find the runner
     deploy(dev, bundle)
     assert runner_dialect(dev, bundle) is Dialect.QNN_V1_0
+
+
+def test_the_dialect_chooses_flags_never_the_binary():
+    argv, _ = runner_argv(_bundle("qnn-v1.0"), RunRequest(prompts=["x"]), "runs/r", Dialect.HOST)
+    assert argv[0] == "./qnn_llama_runner" and "--token_ids_path" in argv
+
+
+def test_a_bundle_runner_speaking_the_host_dialect_is_what_runs(device):
+    """A wrapper that passes --help through to farm-llama-runner reads as dialect host; the bundle's
+    own runner must still be what executes, or its run passes without it ever being exercised."""
+    dev, root = device
+    bundle = bundle_mod.load(make_qnn_bundle(root / "wrapper", name="wrapper", dialect="auto",
+                                             runner_help=runner_help.HOST_RUNNER))
+    deploy(dev, bundle)
+    assert runner_dialect(dev, bundle) is Dialect.HOST
+    result = run(dev, bundle, RunRequest(prompts=["hi"]), timeout=60)
+    report = json.loads(result.text)  # only the bundle's stand-in runner writes this report
+    assert "--token_ids_path" in report["argv"] and report["prompts"] == ["hi"]
+    assert Path(report["cwd"]).resolve() == Path(bundle_workspace(dev, bundle)).resolve()

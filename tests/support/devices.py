@@ -45,6 +45,9 @@ report = {"argv": sys.argv[1:], "prompts": prompts, "cwd": os.getcwd(),
           "model": open(opts["--model_path"], "rb").read().decode()}
 with open(opts["--output_path"], "w") as f:
     json.dump(report, f)
+if "--token_ids_path" in opts:  # a runner speaking the host runner's dialect writes its ids too
+    with open(opts["--token_ids_path"], "w") as f:
+        json.dump({"prompt_ids": [1, 2], "generated_ids": [3, 4]}, f)
 with open(opts["--performance_output_path"], "w") as f:  # a fixed, updater-dependent speed
     f.write("50.0\n" if opts.get("--kv_updater") == "ShiftPointer" else "42.5\n")
 print("PyTorchObserver " + json.dumps({"prompt_tokens": 10, "generated_tokens": 11,
