@@ -8,7 +8,7 @@ farm runs on its own adb server on this host and an SQLite pool under the farm h
 
     [[adb_servers]]                      # one entry per host that has phones plugged in
     host = "127.0.0.1"
-    port = 15037
+    port = 15037                         # omitted: this home's own port (see home_adb_port)
 
     [pool]
     url = "sqlite:///~/.ptefarm/pool.db" # or "postgresql://user@dbhost:5432/farm"
@@ -31,22 +31,47 @@ farm runs on its own adb server on this host and an SQLite pool under the farm h
 
 Every key is validated at start-up; an error names the file, the line where the key is (when the
 file has it) and the key: ``farm.toml:7: key 'pool.lease_ttl_s' must be a finite positive number``.
-Numbers must be finite and positive (TOML allows ``inf`` and ``nan``; the farm does not).
+Numbers must be finite and positive (TOML allows ``inf`` and ``nan``; the farm does not). Strings are
+bounded (a path's length, a host name's) and an error quotes a short excerpt of a bad one, never all of
+it; the file itself is at most ``MAX_CONFIG_BYTES``.
+
+Each farm home has its own adb server: a local ``[[adb_servers]]`` entry without a ``port`` (and the
+default with no entry at all) is the port recorded in the home's ``adb-port`` file, chosen free on
+first use and kept afterwards, so that two homes on one host never see (or stop) each other's
+devices. A ``port`` written in the config is used as it is: a shared server, for instance the one
+that owns the host's USB phones (only one adb server can hold a phone). A remote entry without a
+``port`` is ``DEFAULT_ADB_PORT``, where a farm host's shared server listens (``adb -a -P 15037``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import random
 import re
+import socket
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from farm.errors import UsageError
+from farm.fileio import write_atomic
 
-DEFAULT_ADB_PORT = 15037  # the farm's own adb server, never the user's default 5037 unless asked
+DEFAULT_ADB_PORT = 15037  # a farm host's shared adb server (configured), never the user's 5037
+ADB_PORT_FILE = "adb-port"  # in the farm home: the port of the home's own adb server
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+# Where a home's own port is picked: above the ports services and adb's emulators use, below the
+# kernel's ephemeral range (an outgoing connection could hold a port from there when the server
+# restarts). Narrowed to what the host's ip_local_port_range leaves free.
+HOME_PORT_RANGE = (16000, 32767)
+MAX_CONFIG_BYTES = 1 << 20  # a farm config is a few hundred bytes; more is a mistake, never read whole
+MAX_PATH_CHARS = 4096  # PATH_MAX: a home, a workspace, a pool URL (an SQLite file's path)
+MAX_HOST_CHARS = 253   # a DNS name
+MAX_SERIAL_CHARS = 256
+EXCERPT_CHARS = 60     # of a bad value, in an error message
 DEFAULT_WORKSPACE = "/data/local/tmp/ptefarm"
 # The defaults of [pool] and [run], here and nowhere else (the pool and the sessions take the
 # config's dataclasses, never numbers of their own).
@@ -65,13 +90,98 @@ TAG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}")
 def tag_problem(tag: object) -> str | None:
     """Why ``tag`` is not a valid device tag, or None."""
     if not isinstance(tag, str) or not TAG_PATTERN.fullmatch(tag):
-        return (f"tag {tag!r} must be 1-64 characters of letters, digits and _ . : + - "
+        return (f"tag {excerpt(tag)} must be 1-64 characters of letters, digits and _ . : + - "
                 f"(starting with a letter or digit)")
     return None
 
 
 def farm_home() -> Path:
     return Path(os.environ.get("PTEFARM_HOME", "~/.ptefarm")).expanduser()
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters and saying so: a bad
+    value of any size is quoted in a line (the repr of a 50 MB string is never built)."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... (cut: {len(value)} characters in all)"
+    if isinstance(value, (list, dict)) and len(value) > 8:
+        return f"a {type(value).__name__} of {len(value)} items"
+    text = repr(value)
+    if len(text) <= limit + 2:
+        return text
+    return f"{text[:limit]}... (cut: {len(text)} characters in all)"
+
+
+def _key_name(name: str) -> str:
+    """A key or table name as an error shows it: unquoted, cut when long."""
+    return name if len(name) <= EXCERPT_CHARS else f"{name[:EXCERPT_CHARS]}... (cut)"
+
+
+def home_adb_port(home: Path) -> int:
+    """The port of this farm home's own adb server: read from ``<home>/adb-port``, or chosen free
+    and recorded there on first use (kept afterwards: the server, ``farm adb`` and the pool's device
+    rows agree on it). Two processes of one home racing here agree on the first one recorded."""
+    path = Path(home) / ADB_PORT_FILE
+    port = _read_port(path)
+    if port is not None:
+        return port
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        candidate = path.with_name(f".{ADB_PORT_FILE}.{os.getpid()}.tmp")
+        write_atomic(candidate, f"{_free_home_port()}\n")
+        try:
+            os.link(candidate, path)  # never replaces: a port another process recorded wins
+        except FileExistsError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                candidate.unlink()
+    except OSError as e:
+        raise UsageError(f"{path}: cannot record the farm home's adb server port: "
+                         f"{e.strerror or e} (or name one: [[adb_servers]] port in the config)") \
+            from None
+    port = _read_port(path)
+    if port is None:
+        raise UsageError(f"{path}: the farm home's adb server port vanished while recording it")
+    return port
+
+
+def _read_port(path: Path) -> int | None:
+    try:
+        text = path.read_text(errors="replace")[:16].strip()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read the farm home's adb server port: "
+                         f"{e.strerror or e}") from None
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise UsageError(f"{path}: not an adb server port ({excerpt(text)}); delete the file "
+                         f"to have a free port chosen")
+    return int(text)
+
+
+def _free_home_port() -> int:
+    """A port nothing listens on now, from HOME_PORT_RANGE (outside the ephemeral range)."""
+    low, high = HOME_PORT_RANGE
+    with contextlib.suppress(OSError, ValueError):
+        first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        if first_ephemeral - 1 > low + 1000:
+            high = min(high, first_ephemeral - 1)
+    for port in random.sample(range(low, high + 1), 64):
+        if _bindable(port):
+            return port
+    with socket.socket() as s:  # a crowded host: any free port
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -87,7 +197,7 @@ class AdbServerAddress:
         """``"host:port"`` (as the pool stores a device's server) back to an address."""
         host, sep, port = text.rpartition(":")
         if not sep or not host or not port.isdigit():
-            raise UsageError(f"adb server {text!r}: expected HOST:PORT")
+            raise UsageError(f"adb server {excerpt(text)}: expected HOST:PORT")
         return cls(host, int(port))
 
 
@@ -207,22 +317,28 @@ class _Where:
 def _check_keys(table: dict, section: str, label: str, where: _Where) -> None:
     for key in table:
         if key not in _KNOWN[section]:
-            raise UsageError(f"{where(f'{label}.{key}')}: unknown key '{label}.{key}' "
+            raise UsageError(f"{where(f'{label}.{key}')}: unknown key '{label}.{_key_name(key)}' "
                              f"(known: {', '.join(sorted(_KNOWN[section]))})")
 
 
 def _get(table: dict, section: str, key: str, typ: type | tuple, default: Any, where: _Where,
-         positive: bool = False) -> Any:
+         positive: bool = False, max_chars: int = MAX_PATH_CHARS) -> Any:
+    """``table[key]`` checked: its type, a number finite and positive, a string at most
+    ``max_chars`` long; errors quote an excerpt of the value."""
     if key not in table:
         return default
     value = table[key]
     name = f"{section}.{key}"
     ok = isinstance(value, typ) and not isinstance(value, bool)
     if not ok:
-        raise UsageError(f"{where(name)}: key '{name}' must be {_typename(typ)}, got {value!r}")
+        raise UsageError(f"{where(name)}: key '{name}' must be {_typename(typ)}, "
+                         f"got {excerpt(value)}")
     if positive and not (math.isfinite(value) and value > 0):
         raise UsageError(f"{where(name)}: key '{name}' must be a finite positive number, "
-                         f"got {value!r}")
+                         f"got {excerpt(value)}")
+    if isinstance(value, str) and len(value) > max_chars:
+        raise UsageError(f"{where(name)}: key '{name}' is too long (at most {max_chars} "
+                         f"characters): {excerpt(value)}")
     return value
 
 
@@ -243,6 +359,22 @@ def finite_seconds(value: float | None, flag: str, *, allow_zero: bool = False) 
     return value
 
 
+def _url_host_problem(url: str) -> str | None:
+    """Why a PostgreSQL URL's host cannot be a host name (a label over 63 characters, a name over
+    253), before a driver trips over it."""
+    if url.startswith("sqlite://"):
+        return None
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError as e:
+        return f"not a URL ({e})"
+    if host.startswith("[") or ":" in host:
+        return None  # an IPv6 address
+    if len(host) > MAX_HOST_CHARS or any(len(label) > 63 for label in host.split(".")):
+        return f"host {excerpt(host)} is not a host name (labels of at most 63 characters)"
+    return None
+
+
 def default_pool_url(home: Path) -> str:
     return f"sqlite:///{home / 'pool.db'}"
 
@@ -253,7 +385,7 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
     loc = _Where(where, text)
     for section in raw:
         if section not in _KNOWN:
-            raise UsageError(f"{loc(section)}: unknown section '{section}' "
+            raise UsageError(f"{loc(section)}: unknown section '{_key_name(section)}' "
                              f"(known: {', '.join(sorted(_KNOWN))})")
     farm_t = raw.get("farm", {})
     if not isinstance(farm_t, dict):
@@ -270,8 +402,11 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
         if not isinstance(s, dict):
             raise UsageError(f"{loc(label)}: '{label}' must be a table")
         _check_keys(s, "adb_servers", label, loc)
-        host = _get(s, label, "host", str, "127.0.0.1", loc)
-        port = _get(s, label, "port", int, DEFAULT_ADB_PORT, loc, positive=True)
+        host = _get(s, label, "host", str, "127.0.0.1", loc, max_chars=MAX_HOST_CHARS)
+        if "port" in s or host not in LOCAL_HOSTS:
+            port = _get(s, label, "port", int, DEFAULT_ADB_PORT, loc, positive=True)
+        else:  # this host's server, port not named: the home's own (isolated from other homes)
+            port = home_adb_port(home)
         if port > 65535:
             raise UsageError(f"{loc(label + '.port')}: key '{label}.port' must be <= 65535, "
                              f"got {port}")
@@ -284,7 +419,10 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
     url = _get(pool_t, "pool", "url", str, default_pool_url(home), loc)
     if not url.startswith(("sqlite://", "postgresql://", "postgres://")):
         raise UsageError(f"{loc('pool.url')}: key 'pool.url' must start with sqlite:// or "
-                         f"postgresql://, got {url!r}")
+                         f"postgresql://, got {excerpt(url)}")
+    host_problem = _url_host_problem(url)
+    if host_problem:
+        raise UsageError(f"{loc('pool.url')}: key 'pool.url': {host_problem}")
     pool = PoolConfig(
         url=url,
         lease_ttl_s=float(_get(pool_t, "pool", "lease_ttl_s", (int, float), DEFAULT_LEASE_TTL_S,
@@ -335,12 +473,12 @@ def _devices(raw: Any, loc: _Where) -> tuple[DeviceConfig, ...]:
         _check_keys(d, "devices", label, loc)
         if "serial" not in d:
             raise UsageError(f"{loc(label)}: key '{label}.serial' is missing")
-        serial = _get(d, label, "serial", str, "", loc).strip()
+        serial = _get(d, label, "serial", str, "", loc, max_chars=MAX_SERIAL_CHARS).strip()
         if not serial:
             raise UsageError(f"{loc(label + '.serial')}: key '{label}.serial' must not be empty")
         if serial in seen:
-            raise UsageError(f"{loc(label + '.serial')}: key '{label}.serial': {serial!r} is already "
-                             f"configured as {seen[serial]}")
+            raise UsageError(f"{loc(label + '.serial')}: key '{label}.serial': {excerpt(serial)} is "
+                             f"already configured as {seen[serial]}")
         seen[serial] = label
         tags = _get(d, label, "tags", list, [], loc)
         for tag in tags:
@@ -351,11 +489,16 @@ def _devices(raw: Any, loc: _Where) -> tuple[DeviceConfig, ...]:
     return tuple(devices)
 
 
-def read_toml(path: Path, what: str = "file") -> tuple[dict[str, Any], str]:
+def read_toml(path: Path, what: str = "file",
+              max_bytes: int = MAX_CONFIG_BYTES) -> tuple[dict[str, Any], str]:
     """A TOML file and its text; every problem is one UsageError naming the file (and the line of a
-    byte that is not UTF-8). ``what`` says what the file is, in the messages."""
+    byte that is not UTF-8). ``what`` says what the file is, in the messages. A file over
+    ``max_bytes`` is refused unread (never held, parsed or echoed whole)."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise UsageError(f"{path}: {what} is larger than {max_bytes} bytes; not read")
     except FileNotFoundError:
         raise UsageError(f"{path}: {what} not found") from None
     except OSError as e:

@@ -4,18 +4,56 @@ from __future__ import annotations
 
 import pytest
 
-from farm.config import DEFAULT_ADB_PORT, load_config
+from farm.config import ADB_PORT_FILE, DEFAULT_ADB_PORT, MAX_CONFIG_BYTES, load_config
 from farm.errors import UsageError
+
+
+def _defaults(monkeypatch, home):
+    monkeypatch.delenv("PTEFARM_CONFIG", raising=False)
+    monkeypatch.setenv("PTEFARM_HOME", str(home))
+    return load_config()
 
 
 def test_defaults_without_a_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("PTEFARM_CONFIG", raising=False)
-    monkeypatch.setenv("PTEFARM_HOME", str(tmp_path / "home"))
-    cfg = load_config()
+    cfg = _defaults(monkeypatch, tmp_path / "home")
     assert cfg.source is None
-    assert [(s.host, s.port) for s in cfg.adb_servers] == [("127.0.0.1", DEFAULT_ADB_PORT)]
+    [server] = cfg.adb_servers
+    assert server.host == "127.0.0.1"
+    assert server.port == int((tmp_path / "home" / ADB_PORT_FILE).read_text())
     assert cfg.pool.url == f"sqlite:///{tmp_path / 'home' / 'pool.db'}"
+
+
+def test_each_farm_home_has_its_own_adb_port_kept_across_runs(tmp_path, monkeypatch):
+    """Two homes on one host never share an adb server by default (they would see, and stop, each
+    other's devices); a home keeps its port, so its server, `farm adb` and the pool agree on it."""
+    monkeypatch.chdir(tmp_path)
+    a = _defaults(monkeypatch, tmp_path / "a").adb_servers[0].port
+    b = _defaults(monkeypatch, tmp_path / "b").adb_servers[0].port
+    assert a != b and DEFAULT_ADB_PORT not in (a, b) and 5037 not in (a, b)
+    assert _defaults(monkeypatch, tmp_path / "a").adb_servers[0].port == a
+    # a config that names this host's server without a port means the home's own server too
+    config = tmp_path / "farm.toml"
+    config.write_text(f'[farm]\nhome = "{tmp_path / "b"}"\n[[adb_servers]]\nhost = "127.0.0.1"\n')
+    assert [s.port for s in load_config(config).adb_servers] == [b]
+
+
+def test_a_configured_adb_port_is_used_as_given(tmp_path):
+    """A port written in the config is a shared server (the host's phones): every home uses it, and
+    no port file is made."""
+    config = tmp_path / "farm.toml"
+    config.write_text(f'[farm]\nhome = "{tmp_path / "home"}"\n[[adb_servers]]\nport = 15100\n'
+                      f'[[adb_servers]]\nhost = "phones-2.lab"\n')
+    assert [str(s) for s in load_config(config).adb_servers] == [
+        "127.0.0.1:15100", f"phones-2.lab:{DEFAULT_ADB_PORT}"]
+    assert not (tmp_path / "home" / ADB_PORT_FILE).exists()
+
+
+def test_a_corrupt_home_adb_port_file_is_named(tmp_path, monkeypatch):
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / ADB_PORT_FILE).write_text("99999\n")
+    with pytest.raises(UsageError, match=f"{tmp_path / 'home' / ADB_PORT_FILE}: not an adb server port"):
+        _defaults(monkeypatch, tmp_path / "home")
 
 
 def test_file_from_the_environment(tmp_path, monkeypatch):
@@ -58,3 +96,34 @@ def test_bad_config_names_file_and_key(tmp_path, text, needle):
 def test_explicit_missing_file(tmp_path):
     with pytest.raises(UsageError, match="config file not found"):
         load_config(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("text,key", [
+    ('[pool]\nurl = "{big}"\n', "pool.url"),
+    ('[pool]\nurl = "sqlite:///{big}"\n', "pool.url"),
+    ('[pool]\nurl = "postgresql://{big}/farm"\n', "pool.url"),
+    ('[farm]\nhome = "{big}"\n', "farm.home"),
+    ('[run]\nworkspace = "/{big}"\n', "run.workspace"),
+    ('[[adb_servers]]\nhost = "{big}"\n', "adb_servers[0].host"),
+    ('[[devices]]\nserial = "{big}"\n', "devices[0].serial"),
+    ('[[devices]]\nserial = "x"\ntags = ["{big}"]\n', "devices[0].tags"),
+    ('[pool]\n"{big}" = 1\n', "unknown key 'pool."),
+])
+def test_a_huge_config_string_is_refused_with_a_short_excerpt(tmp_path, text, key):
+    """A 100 kB value (a pasted file, a runaway template) is one short line naming the file and the
+    key, with a clearly cut excerpt: never the value whole (once printed it was 100 MB of stderr)."""
+    big = "x" * 100_000
+    path = tmp_path / "farm.toml"
+    path.write_text(text.format(big=big))
+    with pytest.raises(UsageError) as exc:
+        load_config(path)
+    message = str(exc.value)
+    assert str(path) in message and key in message
+    assert len(message) < 400 and "cut" in message
+
+
+def test_an_oversized_config_file_is_refused_unread(tmp_path):
+    path = tmp_path / "farm.toml"
+    path.write_text('[pool]\nlease_ttl_s = 60\n' + "# padding\n" * (MAX_CONFIG_BYTES // 10 + 1))
+    with pytest.raises(UsageError, match=f"{path}: config is larger than {MAX_CONFIG_BYTES} bytes"):
+        load_config(path)
