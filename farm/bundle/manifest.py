@@ -146,8 +146,7 @@ def check_workspace_name(name: Any, where: str) -> str:
         raise UsageError(f"{where}: file name {name!r} contains a NUL or newline")
     if name.startswith("/") or posixpath.isabs(name):
         raise UsageError(f"{where}: file name {name!r} is absolute; it must stay inside the workspace")
-    parts = name.split("/")
-    if ".." in parts or posixpath.normpath(name).startswith(".."):
+    if ".." in name.split("/"):  # refused even where it would stay inside: a name is plain
         raise UsageError(f"{where}: file name {name!r} escapes the workspace ('..')")
     if posixpath.normpath(name) in (".", ""):
         raise UsageError(f"{where}: file name {name!r} names the workspace itself")
@@ -214,6 +213,15 @@ def _host_path(base: Path, rel: Any, fwhere: str) -> Path:
     return path
 
 
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` is not a bundle file, for an error message: missing, a directory or special."""
+    if path.is_dir():
+        return f"{path} is a directory, not a file"
+    if path.exists():
+        return f"{path} is not a regular file"
+    return f"file {path} does not exist"
+
+
 def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
     """Read and validate a manifest; every error is one ``UsageError`` naming the file and field.
 
@@ -263,7 +271,7 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
             raise UsageError(f"{fwhere}: duplicate file name {name!r}")
         seen.add((name, htp_arch))
         if not path.is_file():
-            raise UsageError(f"{fwhere}: file {path} does not exist")
+            raise UsageError(f"{fwhere}: {_not_a_file(path)}")
         actual = path.stat().st_size
         if actual != size:
             raise UsageError(f"{fwhere}: {path} is {actual} bytes, manifest says {size}")
@@ -356,6 +364,8 @@ def verify_bundle(bundle: Bundle) -> None:
         if base is not None and not _inside(resolved, base):
             raise UsageError(f"{fwhere}: {path} resolves to {resolved}, outside the manifest's "
                              f"directory {base}")
+        if stat_mod.S_ISDIR(st.st_mode):
+            raise UsageError(f"{fwhere}: {path} is a directory, not a file")
         if not stat_mod.S_ISREG(st.st_mode):
             raise UsageError(f"{fwhere}: {path} is not a regular file")
         if st.st_size != f.size:
