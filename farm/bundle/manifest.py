@@ -144,7 +144,7 @@ def check_workspace_name(name: Any, where: str) -> str:
         raise UsageError(f"{where}: file name must be a non-empty string, got {name!r}")
     if "\0" in name or "\n" in name:
         raise UsageError(f"{where}: file name {name!r} contains a NUL or newline")
-    if name.startswith("/") or posixpath.isabs(name):
+    if posixpath.isabs(name):
         raise UsageError(f"{where}: file name {name!r} is absolute; it must stay inside the workspace")
     if ".." in name.split("/"):  # refused even where it would stay inside: a name is plain
         raise UsageError(f"{where}: file name {name!r} escapes the workspace ('..')")

@@ -375,7 +375,7 @@ def test_a_written_manifest_loads_back_equal_with_paths_relative_to_it(tmp_path)
     assert raw["files"][1] == {"name": "tokenizer.model", "path": "t/tok.bin", "size": 3,
                                "sha256": _sha(b"tok"), "role": "tokenizer", "htp_arch": None}
     assert raw["modes"] == {"kv": {"pte": "kv.pte", "eval_mode": 0, "ar_len": 1}}
-    assert manifest.read_text().endswith("}\n")
+    assert manifest.read_text() == json.dumps(raw, indent=2) + "\n"  # reviewable, diffable text
     loaded = load(manifest, verify=True)
     assert loaded.files == [BundleFile(**{**vars(f), "path": f.path.resolve()}) for f in files]
     assert (loaded.name, loaded.runner_dialect, loaded.decoder_model_version, loaded.model, loaded.modes) \
