@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from farm.errors import UsageError
+from farm.results.checks import golden_ids_mismatch, golden_text_mismatch
 from ptefarm_suites.cases import golden_for
 
 from ._data import bundle_goldens, correctness_points
-from .checks import golden_ids_mismatch, golden_text_mismatch
 
 ASSISTANT_HEADER = "<|start_header_id|>assistant<|end_header_id|>\n\n"
 

@@ -10,10 +10,10 @@ import statistics
 
 import pytest
 
+from farm.results.checks import below_minimum, too_slow
 from ptefarm_suites.cases import RelativeRule, Thresholds
 
 from ._data import bundle_thresholds
-from .checks import below_minimum, too_slow
 
 PHONE_MAX_TEMP_C = 40.0
 pytestmark = [pytest.mark.throughput, pytest.mark.release]

@@ -1,11 +1,11 @@
-"""The suites' verdicts (suites/checks.py) on measured values: medians, not the best run; goldens
+"""The suites' verdicts (farm/results/checks.py) on measured values: medians, not the best run; goldens
 matched to their end, not as far as the runner got."""
 
 from __future__ import annotations
 
 import pytest
 
-from ptefarm_suites.checks import below_minimum, golden_ids_mismatch, golden_text_mismatch, too_slow
+from farm.results.checks import below_minimum, golden_ids_mismatch, golden_text_mismatch, too_slow
 
 
 def test_a_minimum_is_judged_on_the_median_not_the_best_run():

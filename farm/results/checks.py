@@ -1,7 +1,8 @@
 """The suites' verdicts on what they measured, as plain functions: each returns None when the check
-holds, else the failure's message. The suites assert on these; tests/suites/test_checks.py pins them,
+holds, else the failure's message. The suites assert on these; tests/results/test_checks.py pins them,
 so a verdict that quietly loosens (the best run instead of the median, a golden compared only as far
-as the runner got) fails a test before it passes a merge."""
+as the runner got) fails a test before it passes a merge. They live in the library, beside the gate,
+so that they are judged under the name they are imported by (mutation testing included)."""
 
 from __future__ import annotations
 
