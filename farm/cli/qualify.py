@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import click
+import pluggy
 
 from farm.cli.report import (
     gate_options,
@@ -23,6 +24,7 @@ from farm.cli.report import (
     write_outputs,
 )
 from farm.errors import UsageError
+from farm.report.directory import check_out_dir, lock_out_dir
 from farm.vocab import PURPOSES
 
 
@@ -86,9 +88,10 @@ def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retri
 
     Exit code: 0 all passed, 1 a test failed, 4 throughput regressed against the baseline (no test
     failed), 3 only infrastructure errors, 2 bad input, 130 interrupted (a partial report is written).
+    A report directory that cannot be written (missing parent, read-only, too little room) or that
+    another run is writing is bad input (2) before any device is leased; a report that could not be
+    written to it at the end goes to a fallback directory named on stderr (exit 3 if all passed).
     """
-    import pytest
-
     if workers is not None and workers < 0:
         raise UsageError(f"--workers: must be >= 0, got {workers}")
     effect = parse_percent(min_effect)  # bad input first, before any export or device
@@ -101,6 +104,22 @@ def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retri
     bundle = load(manifest)  # bad input first, before any device is counted or started
     baseline = _baseline(baseline_name, purpose, bundle.name, config_path)
     out = Path(out_dir) if out_dir else Path("reports") / f"qualify-{time.strftime('%Y%m%d-%H%M%S')}"
+    # The report directory before any device is counted, started or leased (bad input: exit 2), and
+    # held for the whole command: the plugin's run, then report.html and report.md (the plugin takes
+    # the same lock again in this process). The default's reports/ is made; a given --out's parent
+    # must exist (a typo there is refused rather than made).
+    check_out_dir(out, make_parents=out_dir is None)
+    with lock_out_dir(out):
+        _qualify(out, virtual_socs, manifest, socs, workers, priority, retries, config_path, purpose,
+                 baseline, effect, inconclusive, pytest_args)
+
+
+def _qualify(out, virtual_socs, manifest, socs, workers, priority, retries, config_path, purpose,
+             baseline, effect, inconclusive, pytest_args) -> None:
+    import pytest
+
+    from farm.exitcodes import ExitCode
+
     n = workers if workers is not None else _device_count(virtual_socs, socs, config_path)
     args = [str(suites_dir()), "-p", "no:cacheprovider", "-p", "no:randomly",
             *unrelated_plugin_args(), "-ra", "--farm-bundle", str(manifest), "--farm-out", str(out), "--farm-priority", str(priority),
@@ -115,16 +134,42 @@ def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retri
     args += ["--farm-purpose", purpose]
     args += list(pytest_args)
     click.echo("+ pytest " + shlex.join(args), err=True)
-    code = pytest.main(args)
-    if code == pytest.ExitCode.USAGE_ERROR or not (out / "results.json").is_file():
-        sys.exit(exit_code(code, out / "results.json"))
-    run = load_run(str(out))
+    where = _ReportWhere()
+    code = pytest.main(args, plugins=[where])
+    # Where the plugin wrote the report: out, or the fallback it named on stderr when out's file
+    # system filled during the run.
+    report_dir = where.written or out
+    if code == pytest.ExitCode.USAGE_ERROR or not (report_dir / "results.json").is_file():
+        sys.exit(exit_code(code, report_dir / "results.json"))
+    run = load_run(str(report_dir))
     run.meta.setdefault("purpose", purpose)
-    written = write_outputs(run, baseline, out, ("markdown", "html"), min_effect=effect,
-                            inconclusive_fails=inconclusive == "fail")
+    try:
+        written = write_outputs(run, baseline, report_dir, ("markdown", "html"), min_effect=effect,
+                                inconclusive_fails=inconclusive == "fail")
+    except OSError as e:  # the JUnit files and results.json are written; the pages could not be
+        click.echo(f"farm qualify: cannot write report.html/report.md to {report_dir}: "
+                   f"{e.strerror or e} (the run's JUnit files and results.json are there)", err=True)
+        sys.exit(exit_code(code, report_dir / "results.json") or ExitCode.INFRA)
     click.echo(f"markdown: {written.paths['markdown']}")
     click.echo(str(written.paths["html"]))  # the last line: where the report is
+    if report_dir != out and written.exit_code == ExitCode.OK:
+        # Every test passed, but the report is not where it was asked for: infrastructure (3).
+        sys.exit(ExitCode.INFRA)
     sys.exit(written.exit_code)
+
+
+class _ReportWhere:
+    """A pytest plugin of this command's run: where the ptefarm plugin's collector wrote the report
+    (None: nowhere, or no collector)."""
+
+    written: Path | None = None
+
+    @pluggy.HookimplMarker("pytest")(wrapper=True)  # pytest.hookimpl, without importing pytest here
+    def pytest_sessionfinish(self, session):
+        result = yield  # after every other implementation: the collector's wrote the report
+        collector = session.config.pluginmanager.get_plugin("ptefarm-results")
+        self.written = getattr(collector, "written", None)
+        return result
 
 
 # pytest plugins that executorch's dependencies install and pytest loads into every process, which the
@@ -171,6 +216,10 @@ def exit_code(pytest_code: int, results: Path) -> int:
         meta = json.loads(results.read_text())["meta"]
     except (OSError, ValueError, KeyError):
         if pytest_code == ExitCode.INFRA:  # the plugin's pytest.exit before any test
+            return ExitCode.INFRA
+        if pytest_code == pytest.ExitCode.TESTS_FAILED:
+            # Tests ran, but no report could be written (the plugin named why on stderr): what the
+            # verdict was cannot be read here, and a write error is never a test failure.
             return ExitCode.INFRA
         return ExitCode.INTERRUPTED if pytest_code == pytest.ExitCode.INTERRUPTED else ExitCode.BAD_INPUT
     if meta.get("interrupted"):

@@ -235,10 +235,14 @@ def render(run: str, compare: str | None, out_dir: str | None, formats: tuple[st
 @click.option("--results-url", "store_url", metavar="URL|none", default=None,
               help="save the recovered run to this results store instead ('none': do not save it), "
                    "as the run's --farm-results-url would have")
-def recover(out_dir: str, config_path: str | None, store_url: str | None) -> None:
+@click.option("--run", "run_id", metavar="RUN_ID", default=None,
+              help="the run to recover when journals of several runs are beside OUT_DIR (two runs are "
+                   "never merged into one report)")
+def recover(out_dir: str, config_path: str | None, store_url: str | None, run_id: str | None) -> None:
     """Write the report of a run that was killed before it could (SIGKILL, host crash), from the
     journal it kept as tests finished, and save it to the results store as a finished run is
-    (``farm history``). Report and stored run are marked partial.
+    (``farm history``). Report and stored run are marked partial. A report already in OUT_DIR is
+    kept: the recovered one is then written beside it (OUT_DIR.recovered-RUN_ID).
 
     Exit code: 0 done; with the report written but the run not saved, 3 (the database is down) or 2
     (the journal lacks what a stored run needs, e.g. its meta).
@@ -251,7 +255,7 @@ def recover(out_dir: str, config_path: str | None, store_url: str | None) -> Non
     from farm.report.directory import recover as recover_report
     from farm.results.store import ResultsStore, results_url
 
-    written = recover_report(Path(out_dir))
+    written = recover_report(Path(out_dir), run_id)
     click.echo(f"recovered report: {written}")
     if store_url == "none":
         return

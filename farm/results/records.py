@@ -8,12 +8,13 @@ records into JUnit, Markdown and JSON. The outcome vocabulary keeps the two fami
 - ``error``: the farm could not give a verdict (device gone, adb error, timeout, pool down, or bad
   input such as a case that cannot run). JUnit ``<error>``; infrastructure errors were retried first.
 
-``ResultLog`` appends each record to a JSON-lines file as the test finishes (flushed and fsynced), so a
-run that is killed still leaves every finished result behind for the report.
+``ResultLog`` appends each record to a JSON-lines file as the test finishes (fsynced), so a run that
+is killed still leaves every finished result behind for the report.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -132,40 +133,93 @@ def verdict(records: list[TestRecord], *, interrupted: bool = False) -> Verdict:
 
 
 class ResultLog:
-    """Append-only JSON lines, one record per finished test, durable as soon as ``add`` returns."""
+    """Append-only JSON lines, one record per finished test, durable as soon as ``add`` returns.
 
-    def __init__(self, path: Path):
+    Each line carries the run's id, so a journal is never read as another run's. A write the file
+    system refuses part-way (it filled) keeps the rest of its line pending, written before the next
+    line once there is room again, so no line is ever interleaved with another; a journal found torn
+    when opened (its writer died mid-line) is continued on a fresh line. A torn line is the only
+    line lost."""
+
+    def __init__(self, path: Path, run_id: str | None = None):
         self.path = Path(path)
+        self.run_id = run_id
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._pending = b"\n" if _ends_torn(self.path) else b""  # bytes owed before the next line
 
     def add(self, record: TestRecord) -> None:
-        self._file.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        line = json.dumps({"run_id": self.run_id, **record.to_json()}, ensure_ascii=False) + "\n"
+        self._pending += line.encode("utf-8")
+        self._write_pending()
+
+    def _write_pending(self) -> None:
+        while self._pending:  # an OSError leaves what was not written pending
+            self._pending = self._pending[os.write(self._fd, self._pending):]
+        os.fsync(self._fd)
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            if self._pending:
+                with contextlib.suppress(OSError):  # still no room: those lines are lost with it
+                    self._write_pending()
+        finally:
+            os.close(self._fd)
 
     @staticmethod
-    def read(path: Path) -> list[TestRecord]:
-        """Every complete line; a line cut short by a kill is ignored (its test did not finish)."""
-        records = []
+    def read(path: Path, run_id: str | None = None) -> list[TestRecord]:
+        """Every complete line (of ``run_id``'s run, when given); a line cut short by a kill or a
+        full file system is ignored (its test's record was never whole)."""
+        runs = ResultLog.read_runs(path)
+        if run_id is None:
+            return [r for records in runs.values() for r in records]
+        return runs.get(run_id, []) + runs.get(None, [])
+
+    @staticmethod
+    def read_runs(path: Path) -> dict[str | None, list[TestRecord]]:
+        """The complete records of the journal by run id (None: lines written before lines carried
+        it), in the order they were written."""
+        runs: dict[str | None, list[TestRecord]] = {}
         try:
-            lines = Path(path).read_text(encoding="utf-8").splitlines()
+            lines = Path(path).read_bytes().splitlines()
         except FileNotFoundError:
-            return []
+            return {}
         for line in lines:
             try:
-                records.append(TestRecord.from_json(json.loads(line)))
-            except (json.JSONDecodeError, TypeError, KeyError, ValueError):
+                raw = json.loads(line.decode("utf-8"))
+                run_id = raw.pop("run_id", None)
+                record = TestRecord.from_json(raw)
+            except (UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, ValueError,
+                    AttributeError):
                 continue
-        return records
+            runs.setdefault(run_id, []).append(record)
+        return runs
+
+
+def _ends_torn(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return True
 
 
 def journal_paths(out_dir: Path) -> tuple[Path, Path]:
     """Where a run writing its report to ``out_dir`` journals as it goes: the result log and the run's
-    meta, beside the report directory (which only appears, whole, at the end)."""
+    meta, beside the report directory (which only appears, whole, at the end). One run at a time
+    writes them (the report directory's lock, farm.report.directory); a journal a killed run left is
+    set aside under its run id (``set_aside_paths``) by the next run, for ``farm report recover``."""
     out_dir = Path(out_dir)
     return (out_dir.parent / f".{out_dir.name}.results.jsonl",
             out_dir.parent / f".{out_dir.name}.meta.json")
+
+
+def set_aside_paths(out_dir: Path, run_id: str) -> tuple[Path, Path]:
+    """Where the journal of killed run ``run_id`` is kept once another run uses ``out_dir``."""
+    log_path, meta_path = journal_paths(out_dir)
+    return (log_path.with_name(f"{log_path.name}.{run_id}"),
+            meta_path.with_name(f"{meta_path.name}.{run_id}"))
