@@ -93,6 +93,10 @@ def down() -> None:
     n = len(vf.devices)
     vf.down()
     click.echo(f"stopped {n} virtual device(s)")
+    if vf.left_running_for:
+        click.echo(f"adb server {vf.adb_server} left running: it also serves "
+                   f"{', '.join(vf.left_running_for)} (not this farm home's); 'farm virtual down' "
+                   f"stops it once they are gone")
     _sync_pool(vf.adb_server)
 
 

@@ -2,8 +2,10 @@
 
 It never touches the user's default server on 5037 nor ~/.android. ``listen_all`` serves the network
 (``adb -a``): with phones on several hosts, each host runs one such server and the farm talks to all.
+The port is always given: a farm home's own (``farm.config.home_adb_port``: homes on one host never
+share a server by accident) or one a config names (a shared server).
 
-    server = AdbServer(port=15037, home=farm_home() / "adb-home" / "15037")
+    server = AdbServer(port=home_adb_port(home), home=home / "adb-home" / str(port))
     server.start()                     # reuses a server already answering on that port
     server.connect("127.0.0.1:23456"); server.wait_for_state("127.0.0.1:23456", "device", 30)
     server.client().device("127.0.0.1:23456").shell("getprop ro.soc.model")
@@ -24,7 +26,7 @@ from adbutils import AdbConnection
 from adbutils.errors import AdbConnectionError
 
 from farm import procs
-from farm.config import DEFAULT_ADB_PORT, farm_home
+from farm.config import farm_home
 from farm.errors import AdbError, AdbServerDown
 
 log = logging.getLogger(__name__)
@@ -91,7 +93,7 @@ def adb_binary() -> str:
 
 @dataclass
 class AdbServer:
-    port: int = DEFAULT_ADB_PORT
+    port: int
     home: Path | None = None
     listen_all: bool = False
     host: str = "127.0.0.1"  # where clients reach it; a listen_all server on another host too
@@ -156,7 +158,8 @@ class AdbServer:
         self._kill_stale()
         if self._port_taken():
             raise AdbError(f"{self}: port {self.port} is in use by something that is not an adb "
-                           f"server; pick another adb_servers port")
+                           f"server; name another [[adb_servers]] port in the config (a farm "
+                           f"home's own port: delete its adb-port file for a new one)")
         argv = self.argv()
         env = self.env() if self.exit_with_pid is None else procs.farm_env(self.env())
         try:

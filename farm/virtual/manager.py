@@ -3,6 +3,12 @@
 State lives in ``<farm home>/virtual/state.json`` (written atomically after every change), so that
 ``down()`` from another process, or after a crash, still finds every process to end: stale pids,
 missing processes and a leftover state file are all fine.
+
+The adb server is the home's own (``farm.config.home_adb_port``) unless a port is given. Devices tied
+to an owner process (a test session, a ``--virtual`` run) stay tied when another process changes
+them (``farm virtual online`` from a shell): the owner is in the state file, and the owner's
+``down()`` ends whatever the state file lists by then. A server that still serves devices that are
+not this farm's (a shared, configured port) is left running by ``down()``.
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ from pathlib import Path
 from typing import Self
 
 import adbutils
+import psutil
 
 from farm import procs
-from farm.config import DEFAULT_WORKSPACE, AdbServerAddress
+from farm.config import DEFAULT_WORKSPACE, AdbServerAddress, home_adb_port
 from farm.device.adb_server import AdbServer
 from farm.errors import AdbError, AdbServerDown, InfraError, UsageError
 from farm.fileio import write_atomic
@@ -122,16 +129,21 @@ class VirtualFarm:
         self.tie_to_owner = tie_to_owner  # devices exit when this process dies (tests); not the CLI
         self.start_timeout = start_timeout
         self._procs: dict[int, subprocess.Popen] = {}
+        self.left_running_for: list[str] = []  # after down(): others' devices on the server it left
         state = self._read_state()
         self.devices: list[VirtualDeviceProcess] = [
             VirtualDeviceProcess.from_json(d) for d in state.get("devices", [])]
         self.adb_started: bool = bool(state.get("adb_started", False))
-        port = adb_port or state.get("adb_port") or free_port()
+        port = adb_port or state.get("adb_port") or home_adb_port(self.home)
         if state and adb_port and state.get("adb_port") != adb_port:
             raise UsageError(f"{self.state_path}: a virtual farm on adb port "
                              f"{state.get('adb_port')} is up; run 'farm virtual down' first")
+        # Whose life the devices and the server share: the live owner the state names (a run whose
+        # device a shell restarts), else this process when tied (tests), else none (the CLI's own).
+        recorded = _live_owner(state.get("owner"))
+        self.owner: dict | None = recorded or (_owner_of(os.getpid()) if tie_to_owner else None)
         self.server = AdbServer(port=port, home=self.home / "adb-home" / str(port),
-                                exit_with_pid=os.getpid() if tie_to_owner else None)
+                                exit_with_pid=self.owner["pid"] if self.owner else None)
 
     # --- public API --------------------------------------------------------------------------
     @property
@@ -175,7 +187,7 @@ class VirtualFarm:
                 self._kill_device(dev)
                 self.devices.remove(dev)
             if started_server and not self.devices:
-                self.server.stop()
+                self._stop_server_unless_shared()
                 self.adb_started = False
             self._save()
             raise
@@ -187,16 +199,20 @@ class VirtualFarm:
                 for r in self.devices]
 
     def down(self) -> None:
-        """Disconnect and end every device, stop the adb server if this farm started it, forget all.
-        Works from any process, and after a crash."""
+        """Disconnect and end every device, stop the adb server if this farm started it and no
+        other farm's device is on it, forget all. Works from any process, and after a crash; ends
+        also what another process started or restarted in this home meanwhile (the state file)."""
+        self._merge_state()
         running = self.server.is_running()
         for dev in self.devices:
             if running:
                 self.server.disconnect(dev.serial)
             self._kill_device(dev)
-        if self.adb_started:
-            self.server.stop()
+        self.left_running_for = self._stop_server_unless_shared() if self.adb_started else []
         self.devices = []
+        if self.left_running_for:  # still ours to stop: a later down() does, once it is unused
+            self._save()
+            return
         self.adb_started = False
         self.state_path.unlink(missing_ok=True)
 
@@ -359,6 +375,44 @@ class VirtualFarm:
         return report
 
     # --- internals ---------------------------------------------------------------------------
+    def _merge_state(self) -> None:
+        """Take in what another process recorded since this one read the state: a device it
+        restarted (new pid) or started. Each device is known by its root."""
+        try:
+            state = self._read_state()
+        except UsageError as e:  # ending what we know beats refusing to end anything
+            log.warning("%s", e)
+            return
+        if state.get("adb_port") not in (None, self.server.port):
+            return  # another farm's state (down() then up() elsewhere): not ours to merge
+        mine = {dev.root: i for i, dev in enumerate(self.devices)}
+        for raw in state.get("devices", []):
+            dev = VirtualDeviceProcess.from_json(raw)
+            if dev.root in mine:
+                old = self.devices[mine[dev.root]]
+                if old.pid != dev.pid:  # restarted elsewhere: end the old process too
+                    self._kill_device(old)
+                self.devices[mine[dev.root]] = dev
+            else:
+                self.devices.append(dev)
+        self.adb_started = self.adb_started or bool(state.get("adb_started", False))
+
+    def _stop_server_unless_shared(self) -> list[str]:
+        """Stop the server this farm started, unless it lists devices that are not this farm's: a
+        configured port other farm homes (or the host's phones) share stays up for them. Returns
+        those devices (empty: stopped)."""
+        mine = {dev.serial for dev in self.devices}
+        try:
+            others = sorted(set(self.server.devices()) - mine) if self.server.is_running() else []
+        except AdbError:
+            others = []  # it does not answer its device list: nobody is served by it
+        if others:
+            log.warning("%s: left running: it still serves %s, not this farm's",
+                        self.server, ", ".join(others))
+            return others
+        self.server.stop()
+        return []
+
     def _next_index(self) -> int:
         devices_dir = self.dir / "devices"
         existing = [int(p.name.split("-")[0]) for p in devices_dir.glob("*-*")
@@ -367,7 +421,7 @@ class VirtualFarm:
 
     def _spawn(self, root: Path, port: int, soc: str, serialno: str) -> VirtualDeviceProcess:
         (root / RUN_FILE).unlink(missing_ok=True)
-        proc = procs.spawn(device_argv(root, port, os.getpid() if self.tie_to_owner else None),
+        proc = procs.spawn(device_argv(root, port, self.owner["pid"] if self.owner else None),
                            log_path=root / DEVICE_LOG, env=procs.farm_env(), cwd=root)
         self._procs[proc.pid] = proc
         run: dict = {}
@@ -419,7 +473,7 @@ class VirtualFarm:
     def _save(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         state = {"adb_port": self.server.port, "adb_started": self.adb_started,
-                 "devices": [r.to_json() for r in self.devices]}
+                 "owner": self.owner, "devices": [r.to_json() for r in self.devices]}
         write_atomic(self.state_path, json.dumps(state, indent=1))
 
 
@@ -450,6 +504,22 @@ def check_confinement() -> None:
         return
     probe(find_tools())
     _confinement_checked = True
+
+
+def _owner_of(pid: int) -> dict | None:
+    """An owner process as the state records it: pid and start time (a reused pid is not it)."""
+    try:
+        return {"pid": pid, "started": psutil.Process(pid).create_time()}
+    except psutil.Error:
+        return None
+
+
+def _live_owner(recorded: object) -> dict | None:
+    """The recorded owner when that very process still runs, else None."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("pid"), int):
+        return None
+    now = _owner_of(recorded["pid"])
+    return now if now is not None and now["started"] == recorded.get("started") else None
 
 
 def _read_run(root: Path) -> dict:
