@@ -19,7 +19,9 @@ Verdicts, precisely (``d`` = relative median change now vs baseline, ``p`` = two
   give is 2 / C(n+m, n); when that is not below ``alpha``, no data could ever be significant (3 vs 3:
   0.1). Ask for more runs.
 - ``unchanged``: |d| < min_effect, whatever p says (a real shift smaller than the effect size is
-  below what the gate is for).
+  below what the gate is for); also when the medians are equal (d = 0), even with min_effect 0: with
+  no change of the median there is no direction to call. From a baseline median of 0, any other median
+  is a change of unbounded size (d = +-inf).
 - ``regressed`` / ``improved``: p < alpha and |d| >= min_effect, slower / faster.
 - ``inconclusive`` (noisy): |d| >= min_effect but p >= alpha: the medians differ by more than the
   effect size, yet the samples overlap too much to say it is not noise (Pinpoint's "unknown").
@@ -245,6 +247,14 @@ def _runs_needed(alpha: float) -> int:
     return n
 
 
+def _relative_change(now: float, base: float) -> float:
+    """(now - base) / base; from a baseline median of 0 any change is unbounded (a latency that was 0 ms
+    and is now 40 ms has regressed, not stayed within the effect size)."""
+    if base:
+        return (now - base) / base
+    return 0.0 if now == base else math.copysign(math.inf, now - base)
+
+
 def compare_samples(now: list[float], base: list[float], config: GateConfig = GateConfig(), *,
                     unit: str = "tok/s") -> tuple[PointVerdict, float | None, str]:
     """(verdict, two-sided p-value, why) for one point. See the module's docstring for the rules."""
@@ -254,8 +264,7 @@ def compare_samples(now: list[float], base: list[float], config: GateConfig = Ga
         return PointVerdict.NEW, None, "no baseline samples at this point"
     if not now:
         raise ValueError("compare_samples: no samples of this run")
-    base_median = statistics.median(base)
-    delta = (statistics.median(now) - base_median) / base_median if base_median else 0.0
+    delta = _relative_change(statistics.median(now), statistics.median(base))
     worse = delta > 0 if unit in LOWER_IS_BETTER_UNITS else delta < 0
     floor = min_p_value(len(now), len(base))
     if floor >= config.alpha:
@@ -268,7 +277,7 @@ def compare_samples(now: list[float], base: list[float], config: GateConfig = Ga
     else:
         p = float(mannwhitneyu(now, base, alternative="two-sided", method="auto").pvalue)
     size = f"median {delta * 100:+.1f}%"
-    if abs(delta) < config.min_effect:
+    if abs(delta) < config.min_effect or delta == 0:  # equal medians: no direction to call, even at 0%
         return PointVerdict.UNCHANGED, p, f"{size}, within the {config.min_effect * 100:g}% effect size"
     if p < config.alpha:
         verdict = PointVerdict.REGRESSED if worse else PointVerdict.IMPROVED
