@@ -3,7 +3,8 @@
 Upstream (SimpleADB) wipes the workspace and pushes every file on every run: a 1.3 GB .pte each time.
 Here the device keeps a record (``.ptefarm-deploy.json`` in the bundle's workspace) of what it holds:
 ``{name: {sha256, size, mtime}}``. A deploy asks the device for the size and mtime of every file in one
-shell call and decides per file:
+shell call (a few, for thousands of files: no command is longer than ``COMMAND_BYTES``) and decides
+per file:
 
 - missing, or a size other than the manifest's: push;
 - size and mtime equal to the record, and older than the record itself: trust the record (its sha256
@@ -40,7 +41,8 @@ A host file whose bytes differ from the manifest's digest, or that changed durin
 The record is pushed to a temp name before the renames, and one shell command then removes the old
 record, renames every pushed file into place, makes the runner executable and renames the new record:
 its ``&&`` chain stops at the first failure, and the old record goes first, so a deploy stopped half-way
-leaves no record that vouches for a file it replaced. Pushed files get an mtime two seconds in the past
+leaves no record that vouches for a file it replaced (a chain too long for one command is run as
+several in turn, the old record out in the first, the new one in with the last). Pushed files get an mtime two seconds in the past
 (the sync protocol lets the pusher choose it), which the record holds; the record itself is dated the
 present: it is then strictly newer than every file, and any later edit on the device moves a file's
 mtime away from the recorded one. Should a device ignore the pushed mtime, its files' mtimes differ
@@ -55,6 +57,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import shlex
 import threading
 import time
@@ -78,6 +81,15 @@ VERIFY_LEVELS = ("fast", "full")
 
 IN_FLIGHT = 3  # files pushed at once: the small libraries go alongside the big .pte
 PUSH_MTIME_AGE_S = 2  # pushed files are dated this far in the past (see the module docstring)
+
+# Every shell command a deploy sends is at most this many bytes: a bundle of thousands of files is
+# stat'ed, hashed, renamed and cleaned up in several commands, never one. A command travels as one adb
+# service request, "shell,v2,raw:" + command: the adb server reads its length as four hex digits (at
+# most 65535 bytes), adbd receives it in one packet (its max payload: 256 KiB or 1 MiB on Android 7 and
+# later) and runs it as the single argument of ``sh -c``, which Linux caps at 128 KiB (MAX_ARG_STRLEN).
+# A quarter of the tightest of these leaves room for the service prefix and for any adb in between
+# that allows less; a 10,000-file bundle still needs only a few dozen commands.
+COMMAND_BYTES = 16 * 1024
 
 ProgressCallback = Callable[[str, int], None]  # (file name, bytes just sent); called one at a time
 
@@ -168,17 +180,22 @@ class _Remote:
     mtime: int
 
 
+def _where(bundle: Bundle) -> str:
+    """What an error about the bundle names: its manifest, or its name when it has none."""
+    return str(bundle.manifest_path or bundle.name)
+
+
 def bundle_workspace(device: DeviceLike, bundle: Bundle) -> str:
     """``<device workspace>/<bundle name>``; the bundle name must be one plain path component."""
     name = bundle.name
     if not name or "/" in name or name in (".", "..") or "\0" in name or "\n" in name:
-        raise UsageError(f"{bundle.manifest_path}: bundle name {name!r} must be a single file name")
+        raise UsageError(f"{_where(bundle)}: bundle name {name!r} must be a single file name")
     return posixpath.join(device.workspace, name)
 
 
 def select_files(bundle: Bundle, device: DeviceLike) -> list[BundleFile]:
     """The bundle's files for this device's HTP arch, re-checked for names that escape the workspace."""
-    where = str(bundle.manifest_path or bundle.name)
+    where = _where(bundle)
     arch = device.htp_arch
     archs = bundle.htp_archs()
     if archs and arch not in archs:
@@ -203,17 +220,36 @@ def select_files(bundle: Bundle, device: DeviceLike) -> list[BundleFile]:
     return files
 
 
-def _where(bundle: Bundle) -> str:
-    return str(bundle.manifest_path or bundle.name)
 
 
 def _discard(device: DeviceLike, remotes: list[str], timeout: float) -> None:
     """Remove pushed temp files, best effort (the next deploy removes leftovers anyway)."""
-    try:
-        device.shell(shlex.join(["rm", "-f", "--", *remotes]), timeout=timeout)
-    except InfraError as e:
-        log.warning("device %s: could not remove %s (the next deploy will): %s", device.serial,
-                    ", ".join(remotes), e)
+    rm = "rm -f --"
+    for group in _groups([shlex.quote(r) for r in remotes], len(rm) + 1):
+        try:
+            device.shell(f"{rm} {group}", timeout=timeout)
+        except InfraError as e:
+            log.warning("device %s: could not remove %s (the next deploy will): %s", device.serial,
+                        group, e)
+
+
+def _groups(words: list[str], overhead: int, sep: str = " ") -> list[str]:
+    """``words`` (each already shell-quoted: a name, or a whole command when ``sep`` is " && "), in
+    order, joined by ``sep`` into as few strings as fit, each at most ``COMMAND_BYTES - overhead``
+    bytes (the rest of the command it goes into). A word longer than that still gets a string of its
+    own (a name is at most PATH_MAX, 4 KiB: far below the bound)."""
+    room = COMMAND_BYTES - overhead
+    groups: list[list[str]] = []
+    used = 0
+    for word in words:
+        size = len(word.encode())
+        if not groups or used + len(sep) + size > room:
+            groups.append([word])
+            used = size
+        else:
+            groups[-1].append(word)
+            used += len(sep) + size
+    return [sep.join(group) for group in groups]
 
 
 def _parse_stat(text: str) -> dict[str, _Remote]:
@@ -225,17 +261,20 @@ def _parse_stat(text: str) -> dict[str, _Remote]:
     return found
 
 
+_SHA256SUM_ESCAPES = {"n": "\n", "r": "\r"}  # coreutils writes \\, \n, \r for \, newline, CR
+
+
 def _parse_sha256sum(text: str) -> dict[str, str]:
     digests: dict[str, str] = {}
     for line in text.split("\n"):
-        escaped = line.startswith("\\")  # coreutils escapes names containing \ or newline
+        escaped = line.startswith("\\")  # coreutils escapes names containing \, newline or CR
         if escaped:
             line = line[1:]
         digest, sep, name = line.partition("  ")
         if not sep or len(digest) != 64:
             continue
-        if escaped:
-            name = name.replace("\\n", "\n").replace("\\\\", "\\")
+        if escaped:  # left to right: an escaped "\\n" is a backslash and an n, not a newline
+            name = re.sub(r"\\(.)", lambda m: _SHA256SUM_ESCAPES.get(m[1], m[1]), name, flags=re.S)
         digests[name] = digest.lower()
     return digests
 
@@ -246,7 +285,9 @@ def _load_record(text: str) -> dict[str, dict[str, Any]]:
     except json.JSONDecodeError:
         return {}  # a corrupt record only costs hashing; it is rewritten below
     files = raw.get("files") if isinstance(raw, dict) else None
-    return files if isinstance(files, dict) else {}
+    if not isinstance(files, dict):
+        return {}
+    return {name: entry for name, entry in files.items() if isinstance(entry, dict)}
 
 
 def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
@@ -264,21 +305,29 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
     files = select_files(bundle, device)
     ws = bundle_workspace(device, bundle)
     report = DeployReport(serial=device.serial, workspace=ws)
-    names = [f.name for f in files]
     qws = shlex.quote(ws)
-    stat_args = shlex.join(["stat", "-c", "%s %Y %n", "--", RECORD_NAME, *names])
+    stat = shlex.join(["stat", "-c", "%s %Y %n", "--"])
 
-    # 1. One call: create the workspace, drop leftovers of interrupted pushes, stat, read the record.
-    probe = device.shell(
-        f"mkdir -p {qws} && cd {qws} && "
-        f"{{ find . -name {shlex.quote('*' + PARTIAL_SUFFIX + '*')} -type f -exec rm -f {{}} + ; "
-        f"echo @@stat; {stat_args} 2>/dev/null; echo @@record; cat {RECORD_NAME} 2>/dev/null; "
-        f"echo; echo @@df; df -k . 2>/dev/null; true; }}", timeout=timeout)
+    def probe_command(stat_names: str) -> str:
+        return (f"mkdir -p {qws} && cd {qws} && "
+                f"{{ find . -name {shlex.quote('*' + PARTIAL_SUFFIX + '*')} -type f -exec rm -f {{}} + ; "
+                f"echo @@stat; {stat} {stat_names} 2>/dev/null; echo @@record; "
+                f"cat {RECORD_NAME} 2>/dev/null; echo; echo @@df; df -k . 2>/dev/null; true; }}")
+
+    # 1. One call: create the workspace, drop leftovers of interrupted pushes, stat, read the record
+    # (and as many more calls as the names to stat need: see COMMAND_BYTES).
+    stat_groups = _groups([shlex.quote(n) for n in [RECORD_NAME, *(f.name for f in files)]],
+                          len(probe_command("")))
+    probe = device.shell(probe_command(stat_groups[0]), timeout=timeout)
     if probe.exit_code != 0:
         raise AdbError(f"device {device.serial}: cannot create workspace {ws}: {probe.err.strip()}",
                        serial=device.serial)
     sections = split_sections(probe.out)
-    remote = _parse_stat(sections.get("stat", ""))
+    stat_out = [sections.get("stat", "")]
+    for group in stat_groups[1:]:  # a missing file is no error: `true` makes the exit code 0
+        stat_out.append(device.shell(f"cd {qws} && {{ {stat} {group} 2>/dev/null; true; }}",
+                                     timeout=timeout, check=True).out)
+    remote = _parse_stat("\n".join(stat_out))
     record = _load_record(sections.get("record", ""))
     record_file = remote.pop(RECORD_NAME, None)
 
@@ -304,9 +353,10 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
 
     # 2. One call hashes every file in doubt.
     if to_hash:
-        sha_args = shlex.join(["sha256sum", "--", *(f.name for f in to_hash)])
-        hashed = device.shell(f"cd {qws} && {sha_args}", timeout=hash_timeout)
-        digests = _parse_sha256sum(hashed.out)
+        sha = f"cd {qws} && sha256sum --"
+        digests = {}
+        for group in _groups([shlex.quote(f.name) for f in to_hash], len(sha) + 1):
+            digests.update(_parse_sha256sum(device.shell(f"{sha} {group}", timeout=hash_timeout).out))
         report.files_hashed = len(to_hash)
         for f in to_hash:
             if digests.get(f.name) == f.sha256:
@@ -347,8 +397,9 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
         body = json.dumps({"bundle": bundle.name, "files": entries}, sort_keys=True).encode()
         device.push(io.BytesIO(body), posixpath.join(ws, RECORD_NAME + PARTIAL_SUFFIX),
                     timeout=timeout)
-    # 5. One command puts everything in place.
-    device.shell(_finish_command(ws, files, pushing), timeout=timeout, check=True)
+    # 5. One command puts everything in place (or several in turn: see _finish_commands).
+    for command in _finish_commands(ws, files, pushing):
+        device.shell(command, timeout=timeout, check=True)
     report.seconds = time.monotonic() - started
     return report
 
@@ -360,15 +411,18 @@ def _sync_streams_kept(device: DeviceLike) -> AbstractContextManager[object]:
     return keep() if callable(keep) else nullcontext()
 
 
-def _finish_command(ws: str, files: list[BundleFile], pushing: set[str]) -> str:
+def _finish_commands(ws: str, files: list[BundleFile], pushing: set[str]) -> list[str]:
     """Old record out, pushed files and new record in, runner executable: one ``&&`` chain, so the
-    device stops at the first failure with no record vouching for a half-renamed workspace."""
-    commands = [f"cd {shlex.quote(ws)}", shlex.join(["rm", "-f", "--", RECORD_NAME])]
-    commands += [shlex.join(["mv", "-f", "--", f.name + PARTIAL_SUFFIX, f.name])
-                 for f in files if f.name in pushing]
-    commands += [shlex.join(["chmod", "755", "--", f.name]) for f in files if f.role == "runner"]
-    commands.append(shlex.join(["mv", "-f", "--", RECORD_NAME + PARTIAL_SUFFIX, RECORD_NAME]))
-    return " && ".join(commands)
+    device stops at the first failure with no record vouching for a half-renamed workspace. A chain
+    longer than ``COMMAND_BYTES`` is cut into several, run in turn (each one's failure stops the
+    deploy): the old record still goes in the first and the new one comes in the last."""
+    cd = f"cd {shlex.quote(ws)} && "
+    steps = [shlex.join(["rm", "-f", "--", RECORD_NAME])]
+    steps += [shlex.join(["mv", "-f", "--", f.name + PARTIAL_SUFFIX, f.name])
+              for f in files if f.name in pushing]
+    steps += [shlex.join(["chmod", "755", "--", f.name]) for f in files if f.role == "runner"]
+    steps.append(shlex.join(["mv", "-f", "--", RECORD_NAME + PARTIAL_SUFFIX, RECORD_NAME]))
+    return [cd + chain for chain in _groups(steps, len(cd), sep=" && ")]
 
 
 def _push_files(device: DeviceLike, bundle: Bundle, ws: str, files: list[BundleFile], need: int, *,

@@ -13,9 +13,11 @@ def make_bundle(root: Path, name: str, sizes: dict[str, int]) -> Bundle:
     root.mkdir(parents=True, exist_ok=True)
     files = []
     for file_name, size in sizes.items():
-        path = root / file_name
+        path = root / file_name  # a name may have directories: "lib/x.so"
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(os.urandom(size))
-        files.append(describe_file(root, path, role="pte" if file_name.endswith(".pte") else "other"))
+        files.append(describe_file(root, path, role="pte" if file_name.endswith(".pte") else "other",
+                                   name=file_name))
     first = next(iter(sizes))
     return Bundle(name=name, runner_dialect="host", tokenizer=first, files=files,
                   modes={"kv": Mode(first, 0, 1)})
