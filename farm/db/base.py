@@ -26,6 +26,15 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from farm.errors import PoolError
+
+
+class PoolLost(PoolError):
+    """The pool this process opened is gone: its SQLite file was deleted or replaced, or its
+    PostgreSQL tables were dropped (and perhaps created again, empty). Not an outage to wait out:
+    every lease taken from it is lost, and the process must not go on as if a new, empty pool at the
+    same address were the old one (it would lease devices the old pool's holders still use)."""
+
 
 class Txn:
     """A transaction: run SQL, get rows as dicts. ``now`` is the pool clock at the transaction start.
@@ -134,6 +143,9 @@ class Store(ABC):
     def __init__(self, url: str):
         self.url = url
         self._lock = threading.Lock()  # guards the connection only; exclusion is the database's job
+        # The identity (pool_meta.pool_id) of the pool this store opened, set by migrate(): every
+        # later transaction checks that it still talks to that pool (PoolLost otherwise).
+        self.pool_id: str | None = None
 
     @property
     def display_url(self) -> str:

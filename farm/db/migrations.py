@@ -8,6 +8,7 @@ else; booleans are INTEGER 0/1 on both so that rows read back the same.
 
 from __future__ import annotations
 
+import secrets
 from typing import TYPE_CHECKING
 
 from farm.errors import PoolError
@@ -173,6 +174,11 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             created_by TEXT NOT NULL DEFAULT ''
         )""",
     ]),
+    # The pool's identity, a random id written once when the pool is created (or first upgraded):
+    # a process that opened the pool checks it is still the same pool (farm.db.base.PoolLost), so a
+    # pool file deleted or replaced, or a schema dropped and created again, under its holders is a
+    # pool error for them, never a fresh empty pool that leases their devices to someone else.
+    (5, ["ALTER TABLE pool_meta ADD COLUMN pool_id TEXT"]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -217,3 +223,13 @@ def apply_migrations(txn: Txn, dialect: str, where: str) -> None:
         txn.run("INSERT INTO pool_meta (id, schema_version) VALUES (1, ?)", (current,))
     else:
         txn.run("UPDATE pool_meta SET schema_version = ? WHERE id = 1", (current,))
+    txn.run("UPDATE pool_meta SET pool_id = ? WHERE id = 1 AND pool_id IS NULL",
+            (secrets.token_hex(16),))
+
+
+def pool_id(txn: Txn) -> str:
+    """The pool's identity (see migration 5); needs no lock."""
+    row = txn.one("SELECT pool_id FROM pool_meta WHERE id = 1")
+    if row is None or not row["pool_id"]:
+        raise PoolError("the pool has no identity row (pool_meta): it was emptied under this process")
+    return str(row["pool_id"])

@@ -8,6 +8,10 @@ server's (``clock_timestamp()``), one clock for every host.
 
 The schema comes from the URL's search_path, e.g.
 ``postgresql://farm@db/farm?options=-csearch_path%3Dptefarm`` keeps the pool in schema ``ptefarm``.
+
+Every transaction checks that the pool is still the one this process opened: the pool's identity
+(``pool_meta.pool_id``) comes back with the clock, in the round trip that reads the clock anyway, and
+another identity (the schema dropped and created again) or no pool tables at all is PoolLost.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from farm.db.base import Listener, Store, Txn, pg_queue_channel, redact_url
-from farm.db.migrations import SCHEMA_VERSION, apply_migrations, current_version
+from farm.db.base import Listener, PoolLost, Store, Txn, pg_queue_channel, redact_url
+from farm.db.migrations import SCHEMA_VERSION, apply_migrations, current_version, pool_id
 from farm.errors import PoolError, UsageError
 
 # Listening connections a process keeps between waits: one per thread that waits at a time.
@@ -100,21 +104,43 @@ class PostgresStore(Store):
                 # fsync (milliseconds on a busy disk). _make_durable then flushes outside the lock.
                 # Read lazily: the first statement whose result the body waits for brings the
                 # clock's with it, in the same round trip.
+                # The pool's identity comes with the clock: checked at no extra round trip.
                 clock = conn.cursor()
                 clock.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now, "
-                              "set_config('synchronous_commit', %s, true)",
+                              "set_config('synchronous_commit', %s, true), "
+                              "(SELECT pool_id FROM pool_meta WHERE id = 1) AS pool_id",
                               ("off" if self.flush_outside_lock else "on",))
-                yield Txn(cur, lambda: clock.fetchone()["now"], placeholder="%s",
-                          notify_channel=self._channel, now_sql=self.now_sql,
-                          new_cursor=conn.cursor)
+                seen: list[dict[str, Any]] = []
+
+                def read_clock() -> float:
+                    if not seen:
+                        seen.append(clock.fetchone())
+                        self._check_identity(seen[0]["pool_id"])
+                    return seen[0]["now"]
+
+                yield Txn(cur, read_clock, placeholder="%s", notify_channel=self._channel,
+                          now_sql=self.now_sql, new_cursor=conn.cursor)
+                # Before the commit: a body that never read the clock is checked too (its result
+                # came back with the body's first read: no round trip of its own, but for a body
+                # that read nothing).
+                read_clock()
             if self.flush_outside_lock:
                 self._make_durable(conn)
         except psycopg.errors.LockNotAvailable as e:
             raise PoolError(f"pool {self.display_url}: pool lock not granted within "
                             f"{self._lock_timeout_s:g}s") from e
+        except psycopg.errors.UndefinedTable as e:
+            raise PoolLost(f"pool {self.display_url}: the pool's tables are gone (its schema was "
+                           f"dropped under this process; {_one_line(e)}): its leases are lost") from e
         except psycopg.Error as e:
             self._drop_if_broken()
             raise PoolError(f"pool {self.display_url}: {_one_line(e)}") from e
+
+    def _check_identity(self, seen: str | None) -> None:
+        if self.pool_id is not None and seen != self.pool_id:
+            raise PoolLost(f"pool {self.display_url}: it is not the pool this process opened (pool "
+                           f"{self.pool_id}, now {seen or 'none'}: its schema was dropped and "
+                           f"created again): its leases are lost")
 
     @staticmethod
     def _make_durable(conn: psycopg.Connection) -> None:
@@ -141,14 +167,15 @@ class PostgresStore(Store):
                     raise PoolError(f"pool {self.display_url}: no schema of search_path "
                                     f"({path}) exists; create it first")
                 self._channel = f"ptefarm_pool_{schema}"[:63]
-                if current_version(Txn(conn.cursor(), 0.0, placeholder="%s"),
-                                   self.dialect) == SCHEMA_VERSION:
+                txn = Txn(conn.cursor(), 0.0, placeholder="%s")
+                if current_version(txn, self.dialect) == SCHEMA_VERSION:
+                    self.pool_id = pool_id(txn)
                     return  # the common case needs no lock
                 # Two processes creating the schema at once: serialize them on a per-schema key.
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
                              (f"ptefarm-pool-migrate:{schema}",))
-                apply_migrations(Txn(conn.cursor(), 0.0, placeholder="%s"), self.dialect,
-                                 self.display_url)
+                apply_migrations(txn, self.dialect, self.display_url)
+                self.pool_id = pool_id(txn)
         except psycopg.Error as e:
             self._drop_if_broken()
             raise PoolError(f"pool {self.display_url}: cannot create the pool schema: "

@@ -7,10 +7,19 @@ wait for the lock instead of failing at once; past it, the caller gets a PoolErr
 
 A waiter is woken by the releaser that granted it a device, through a Unix datagram socket
 (``farm.db.wakeup``), sent after the grant's COMMIT so that the woken waiter's read sees it.
+
+The pool is the file this process opened, not whatever file has its path later: an open connection
+keeps writing to a deleted file, and a process that opens the path afterwards would create a fresh,
+empty pool and lease the devices the first one's holders still use. So each transaction checks that
+the path still names the file it opened (a ``stat``, no I/O on the database: PoolLost otherwise),
+and the pool's identity (``pool_meta.pool_id``) is also kept beside the file (``<file>.id``): a
+process that finds that note but not the database, or a database of another identity, refuses to
+open it rather than start a new pool there (remove the note to start afresh on purpose).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -18,8 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from farm.db.base import Listener, Store, Txn
-from farm.db.migrations import SCHEMA_VERSION, apply_migrations, current_version
+from farm.db.base import Listener, PoolLost, Store, Txn
+from farm.db.migrations import SCHEMA_VERSION, apply_migrations, current_version, pool_id
 from farm.db.wakeup import SocketAddresses, SocketWaker
 from farm.errors import PoolError, UsageError
 
@@ -47,6 +56,27 @@ class SqliteStore(Store):
         self._lock_timeout_s = lock_timeout_s
         self._conn: sqlite3.Connection | None = None
         self._waker = SocketWaker(SocketAddresses(self.path))
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file this store opened
+
+    @property
+    def id_note(self) -> Path:
+        """The file beside the database that remembers the pool's identity."""
+        return self.path.with_name(self.path.name + ".id")
+
+    def _check_file(self) -> None:
+        """PoolLost unless the path still names the database file this store opened."""
+        if self._file is None:
+            return
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise PoolLost(f"pool {self.url}: the database file {self.path} was deleted under this "
+                           f"process; its leases are lost") from None
+        except OSError as e:
+            raise PoolError(f"pool {self.url}: cannot stat {self.path}: {e}") from e
+        if (st.st_dev, st.st_ino) != self._file:
+            raise PoolLost(f"pool {self.url}: the database file {self.path} was replaced under this "
+                           f"process (another file now has its path); its leases are lost")
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
@@ -67,14 +97,17 @@ class SqliteStore(Store):
         return conn
 
     def _query_one(self, sql: str, params: tuple) -> dict[str, Any]:
+        conn = self._connect()
+        self._check_file()
         try:
-            return dict(self._connect().execute(sql, params).fetchone())
+            return dict(conn.execute(sql, params).fetchone())
         except sqlite3.Error as e:
             raise PoolError(f"pool {self.url}: {e}") from e
 
     @contextmanager
     def _transaction(self, *, write: bool) -> Iterator[Txn]:
         conn = self._connect()
+        self._check_file()
         try:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.Error as e:
@@ -102,11 +135,48 @@ class SqliteStore(Store):
                 pass
 
     def migrate(self) -> None:
+        note = self._read_note()
+        if note is not None and not self.path.exists():
+            raise PoolLost(f"pool {self.url}: the database file {self.path} is gone, but {self.id_note} "
+                           f"says pool {note} was there: its holders may still use their devices, "
+                           f"and a new pool would lease them again. If the pool is meant to start "
+                           f"afresh, remove {self.id_note}")
+        self._connect()
+        st = os.stat(self.path)
+        self._file = (st.st_dev, st.st_ino)
         with self.read() as txn:
-            if current_version(txn, self.dialect) == SCHEMA_VERSION:
-                return  # the common case needs no write lock
-        with self.write() as txn:
-            apply_migrations(txn, self.dialect, self.url)
+            ready = current_version(txn, self.dialect) == SCHEMA_VERSION
+            identity = pool_id(txn) if ready else None
+        if identity is None:  # the common case needs no write lock
+            with self.write() as txn:
+                apply_migrations(txn, self.dialect, self.url)
+                identity = pool_id(txn)
+        if note is not None and note != identity:
+            raise PoolLost(f"pool {self.url}: {self.path} is pool {identity}, but {self.id_note} says "
+                           f"pool {note} was there: the file was replaced, and the old pool's holders "
+                           f"may still use their devices. If the new pool is meant, remove "
+                           f"{self.id_note}")
+        if note is None:
+            self._write_note(identity)
+        self.pool_id = identity
+
+    def _read_note(self) -> str | None:
+        try:
+            return self.id_note.read_text().strip() or None
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # no pool here yet (opening it says what is wrong with the path, if anything)
+        except OSError as e:
+            raise PoolError(f"pool {self.url}: cannot read {self.id_note}: {e}") from e
+
+    def _write_note(self, identity: str) -> None:
+        """Write the note atomically (two processes creating the pool write the same id)."""
+        tmp = self.id_note.with_name(f"{self.id_note.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(identity + "\n")
+            os.replace(tmp, self.id_note)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise PoolError(f"pool {self.url}: cannot write {self.id_note}: {e}") from e
 
     def listener(self, queue_id: int | None = None) -> Listener:
         return self._waker.listener(queue_id)

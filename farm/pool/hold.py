@@ -23,7 +23,7 @@ from typing import Any
 
 from farm.device.fence import FencedDevice
 from farm.errors import LeaseError, LeaseLost
-from farm.pool.leases import Lease, Pool, fence_clock, fence_margin
+from farm.pool.leases import Lease, Pool, fence_margin
 from farm.pool.rows import device_from_row, lease_from_row, token_problem
 
 
@@ -33,7 +33,7 @@ def adopt(pool: Pool, token: str, serial: str) -> Lease:
     deadline counts from before this read, as an acquired lease's does: the pool cannot have ended
     the lease before then. LeaseError (``token_problem``'s short story) if the token holds no live
     lease on ``serial``."""
-    started = fence_clock()
+    started = pool.clock.now()
     with pool.store.read() as txn:  # one round trip for both, and the clock
         leases, devices = txn.all_of(("SELECT * FROM leases WHERE token = ?", (token,)),
                                      ("SELECT * FROM devices WHERE serial = ?", (serial,)))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Self
 
 from farm.config import FarmConfig, PoolConfig
-from farm.db.base import Listener, Store, Txn
+from farm.db.base import Listener, PoolLost, Store, Txn
 from farm.db.connect import open_store
 from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError, UsageError
 from farm.pool import health
@@ -89,6 +89,23 @@ def fence_clock() -> float:
 
 def fence_margin(ttl_s: float) -> float:
     return min(FENCE_MARGIN_S, ttl_s / 10)
+
+
+class HolderClock:
+    """How a lease holder reads time (its fence deadline) and waits it out (its heartbeat): this
+    process's clock, which may step (a VM restored, a faked clock: it has been seen to go back an
+    hour). A lease's lifetime is the pool's to decide, on the pool's clock; a holder only trusts its
+    own clock while it runs forwards (see Lease.check). Tests pass a clock that steps."""
+
+    def now(self) -> float:
+        return fence_clock()
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """Block until ``event`` is set (True) or ``seconds`` passed on this clock (False)."""
+        return event.wait(seconds)
+
+
+SYSTEM_CLOCK = HolderClock()
 
 
 @dataclass
@@ -165,7 +182,8 @@ class Pool:
     def __init__(self, store: Store, settings: PoolConfig | None = None, *,
                  poll_s: float = DEFAULT_POLL_S, waiter_stale_s: float = 30.0,
                  failure_window_s: float = DEFAULT_FAILURE_WINDOW_S,
-                 device_tags: Mapping[str, Sequence[str]] | None = None):
+                 device_tags: Mapping[str, Sequence[str]] | None = None,
+                 clock: HolderClock = SYSTEM_CLOCK):
         """``settings``: the config's [pool] (farm.config.PoolConfig; None: its defaults), of which
         the pool uses the default TTL and acquire timeout, ``quarantine_after`` and ``liveness_s``: a
         device is leased only if it was seen (found by a sync, or a success recorded on it) within
@@ -185,6 +203,7 @@ class Pool:
         self.failure_window_s = failure_window_s
         self.poll_s = poll_s
         self.waiter_stale_s = waiter_stale_s
+        self.clock = clock  # this process's, for its leases' fences and heartbeats
         self._stale_checked = 0.0
 
     # The settings as the pool's code reads them: one source (``settings``), never a copy.
@@ -293,7 +312,7 @@ class Pool:
                     announced = False
                     if poll == "granted":
                         # Dispatch committed our lease already: reading it needs no write lock.
-                        started = fence_clock()
+                        started = self.clock.now()
                         with self.store.read() as txn:  # one round trip for both, and the clock
                             leases, devices = txn.all_of(
                                 ("SELECT * FROM leases WHERE queue_id = ?", (queue_id,)),
@@ -309,7 +328,7 @@ class Pool:
                             on_wait(time.monotonic() - began)
                         announced = self._wait(listener, queue_id, deadline)
                         continue
-                started = fence_clock()
+                started = self.clock.now()
                 with self._write() as txn:
                     outcome = self._attempt(txn, request, holder, ttl, queue_id, give_up, timeout)
                 last_write = time.monotonic()
@@ -532,6 +551,23 @@ class Pool:
             problem = token_problem(txn, token, row)
         raise LeaseError(f"cannot release: {problem}")
 
+    def release_holder(self, host: str, pid: int, why: str) -> list[str]:
+        """End every live lease of process ``pid`` on ``host`` and drop its queued requests: the
+        process died (a crashed xdist worker, whose controller saw it go), so nothing will renew or
+        release them, and waiting out their TTL would leave the devices idle. Only for a process
+        known dead: its fence on the device then names a lease that has ended. Returns the serials."""
+        with self._write() as txn:
+            leases = txn.all("SELECT * FROM leases WHERE ended IS NULL AND holder_host = ? "
+                             "AND holder_pid = ?", (host, int(pid)))
+            for row in leases:
+                end_lease(txn, row, EventKind.RELEASED)
+            for row in txn.all("SELECT * FROM queue WHERE holder_host = ? AND holder_pid = ?",
+                               (host, int(pid))):
+                txn.run("DELETE FROM queue WHERE id = ?", (row["id"],))
+                log_event(txn, EventKind.ABANDONED, queue_id=row["id"],
+                          holder=queue_from_row(row).holder.describe(), detail=f"holder died: {why}")
+            return [row["serial"] for row in leases]
+
     # -- health --------------------------------------------------------------------------------
 
     def sync(self, devices: list[DeviceInfo], servers: list[Any] | None = None) -> SyncReport:
@@ -654,6 +690,12 @@ class Lease:
     small margin) and ``check()`` raises ``LeaseLost`` once ``lost`` is set or that deadline has
     passed. A holder stopped (SIGSTOP, a suspended VM) past its TTL thus stops at its first action
     after it resumes, before the heartbeat thread has even run. Once fenced, the lease stays lost.
+
+    The deadline is on the holder's clock (``pool.clock``), trusted only while it runs forwards: a
+    reading earlier than the one before (the clock stepped back) makes ``check()`` ask the pool, whose
+    clock decides the lease's life, at once: a lease that ended meanwhile is LeaseLost whatever the
+    holder's clock says, a live one is renewed, its deadline re-based on the stepped clock and the
+    heartbeat (whose wait the step may have stretched) woken.
     """
 
     pool: Pool
@@ -662,13 +704,21 @@ class Lease:
     ttl_s: float
     heartbeat_s: float | None = None
     lost: LeaseError | None = None
-    valid_until: float | None = None  # fence deadline on fence_clock(); None: now + TTL - margin
+    valid_until: float | None = None  # fence deadline on clock.now(); None: now + TTL - margin
+    clock: HolderClock | None = None  # None: the pool's (this process's clock)
+    _wake: threading.Event = field(default_factory=threading.Event, repr=False)  # stop, or renew now
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
+    _read_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _last_read: float = field(default=-math.inf, repr=False)
 
     def __post_init__(self) -> None:
+        if self.clock is None:
+            self.clock = self.pool.clock
+        # The first reading: a step back from here on is noticed (valid_until is on this scale).
+        self._last_read = self.clock.now()
         if self.valid_until is None:
-            self.valid_until = fence_clock() + self.ttl_s - fence_margin(self.ttl_s)
+            self.valid_until = self._last_read + self.ttl_s - fence_margin(self.ttl_s)
 
     @property
     def token(self) -> str:
@@ -683,31 +733,65 @@ class Lease:
         """The device's adb server, "host:port"."""
         return self.device.server
 
+    def _now(self) -> tuple[float, bool]:
+        """The holder's clock, and whether it went back since its last reading."""
+        assert self.clock is not None
+        with self._read_lock:
+            now = self.clock.now()
+            stepped_back = now < self._last_read
+            self._last_read = now
+        return now, stepped_back
+
     def remaining_s(self) -> float:
         """Seconds until the fence deadline (negative: past it); no database call."""
         assert self.valid_until is not None
-        return self.valid_until - fence_clock()
+        return self.valid_until - self._now()[0]
 
     def check(self) -> None:
         """Raise ``LeaseLost`` (an InfraError carrying the serial) unless the lease is still ours as far
         as this process can tell without asking the pool: not lost, and renewed recently enough that
-        the pool cannot have expired it. Cheap (a clock read): call it before every device action."""
+        the pool cannot have expired it. Cheap (a clock read): call it before every device action.
+        Only a clock that stepped back costs a question to the pool (see the class)."""
         if self.lost is None:
-            left = self.remaining_s()
-            if left > 0:
+            now, stepped_back = self._now()
+            if stepped_back:
+                self._resync()
+                now = self._now()[0]
+            left = (self.valid_until or 0.0) - now
+            if self.lost is None and left > 0:
                 return
-            self.lost = LeaseError(
-                f"lease {self.token[:8]} on {self.serial} not renewed for over its TTL of "
-                f"{self.ttl_s:g}s (fence deadline passed {-left:.1f}s ago: the holder stalled, or "
-                f"the pool could not be reached); the pool may have given the device to another holder")
+            if self.lost is None:
+                self.lost = LeaseError(
+                    f"lease {self.token[:8]} on {self.serial} not renewed for over its TTL of "
+                    f"{self.ttl_s:g}s (fence deadline passed {-left:.1f}s ago: the holder stalled, or "
+                    f"the pool could not be reached); the pool may have given the device to another "
+                    f"holder")
         raise LeaseLost(f"lease on {self.serial} lost: {self.lost}", serial=self.serial)
 
-    def renew(self) -> None:
-        started = fence_clock()
+    def _resync(self) -> None:
+        """The holder's clock went back: its deadline means nothing now. Ask the pool (renew): a
+        lease that ended is lost; a live one gets a deadline on the clock as it now reads. If the pool
+        cannot answer, the deadline is now: nothing proves the lease lives."""
+        try:
+            self.renew(rebase=True)
+        except LeaseError as e:
+            self.lost = e
+        except PoolLost as e:
+            self.lost = LeaseError(str(e))
+        except PoolError as e:
+            self.lost = LeaseError(f"the holder's clock went back and the pool could not confirm the "
+                                   f"lease: {e}")
+        self._wake.set()  # the heartbeat re-bases its wait on the clock as it now reads
+
+    def renew(self, *, rebase: bool = False) -> None:
+        """Renew in the pool and push the fence deadline on. ``rebase``: set it from this renewal
+        alone (the clock stepped, earlier deadlines are on another scale), not the latest of both."""
+        started, stepped_back = self._now()
         info = self.pool.renew(self.token, self.ttl_s)
         self.info = info
-        self.valid_until = max(self.valid_until or 0.0, started + (info.expires - info.renewed)
-                               - fence_margin(self.ttl_s))
+        deadline = started + (info.expires - info.renewed) - fence_margin(self.ttl_s)
+        self.valid_until = deadline if rebase or stepped_back else max(self.valid_until or 0.0,
+                                                                       deadline)
 
     def release(self) -> None:
         """End the lease in the pool. LeaseError if it had already ended (expired, taken away)."""
@@ -723,15 +807,24 @@ class Lease:
 
     def stop_heartbeat(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     def _beat(self, interval: float) -> None:
-        while not self._stop.wait(interval):
+        assert self.clock is not None
+        while True:
+            self.clock.wait(self._wake, interval)
+            if self._stop.is_set():
+                return
+            self._wake.clear()  # a wake-up before this is served by the renewal below
             try:
                 self.renew()
             except LeaseError as e:
                 self.lost = e
+                return
+            except PoolLost as e:  # not an outage: the pool that granted the lease is gone
+                self.lost = LeaseError(str(e))
                 return
             except PoolError as e:
                 # The database may come back before the lease expires: try at the next beat.

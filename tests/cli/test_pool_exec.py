@@ -6,17 +6,21 @@ command sees are the point), against a pool seeded with fixed device records.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from farm.errors import LeaseTimeout
 from farm.pool import Pool
+from farm.pool.leases import HolderClock, fence_clock
 from tests.support.pool import REPO, fake_device, reaped
 
 FARM = [sys.executable, "-P", "-m", "farm.cli.main"]
@@ -157,3 +161,131 @@ def test_lease_token_alone_on_stdout_serial_on_stderr(seeded, env):
     assert "leased dev0 (SM8650, v75, virtual)" in ran.stderr and token in ran.stderr
     with Pool.open(seeded) as p:
         p.release(token)
+
+
+def _started(proc: subprocess.Popen, marker: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not marker.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+
+
+def test_a_deleted_pool_file_stops_its_holder_and_leases_nothing_again(sqlite_pool_url, env, tmp_path):
+    """`rm pool.db` under a running `farm pool exec`: the holder is told (its command stopped, exit
+    3, as for any lease lost), and a new request is a pool error, not a fresh pool that leases dev0
+    to a second holder while the first still uses it."""
+    with Pool.open(sqlite_pool_url) as p:
+        p.sync([fake_device("dev0", server="127.0.0.1:15037")])
+    started, stopped = tmp_path / "started", tmp_path / "stopped"
+    holder = subprocess.Popen(
+        [*FARM, "pool", "exec", "--url", sqlite_pool_url, "--ttl", "3", "--", "sh", "-c",
+         'trap \'echo stopped > "$1"; exit 143\' TERM; touch "$0"; while :; do sleep 0.1; done',
+         str(started), str(stopped)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with reaped({"holder": holder}):
+        _started(holder, started)
+        Path(sqlite_pool_url.removeprefix("sqlite:///")).unlink()
+
+        second = farm(env, "pool", "exec", "--url", sqlite_pool_url, "--timeout", "5", "--", "true")
+        assert second.returncode == 3, second.stderr
+        assert "pool.db is gone" in second.stderr and "pool.db.id" in second.stderr
+
+        _, err = holder.communicate(timeout=60)
+    assert holder.returncode == 3, err
+    assert "deleted" in err and stopped.read_text().strip() == "stopped"
+
+
+class SteppedClock(HolderClock):
+    """A holder's clock that the test steps back, as a faked or restored clock goes back: a reading
+    and a wait both follow it (a wait begun before the step lasts the step longer)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return fence_clock() - self.offset
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        until = self.now() + seconds
+        while not event.wait(0.02):
+            if self.now() >= until:
+                return False
+        return True
+
+
+@pytest.fixture
+def stepped_exec(sqlite_pool_url, tmp_path, monkeypatch):
+    """``farm pool exec`` in this process with its holder clock a SteppedClock; its command traps
+    SIGTERM (writes "stopped"). Returns (clock, start(ttl) -> thread, started marker, stopped
+    marker, result dict: exit code and stderr)."""
+    from click.testing import CliRunner
+
+    import farm.cli.pool as cli_pool
+    from farm.cli.main import main
+
+    with Pool.open(sqlite_pool_url) as p:
+        p.sync([fake_device("dev0", server="127.0.0.1:15037")])
+    monkeypatch.delenv("PTEFARM_CONFIG", raising=False)
+    monkeypatch.delenv("PTEFARM_LEASE", raising=False)
+    monkeypatch.setenv("PTEFARM_HOME", str(tmp_path / "home"))
+    clock = SteppedClock()
+    opened = cli_pool._open
+
+    def with_clock(config=None):
+        pool = opened(config)
+        pool.clock = clock
+        return pool
+
+    monkeypatch.setattr(cli_pool, "_open", with_clock)
+    monkeypatch.setattr(cli_pool, "_signals", lambda on_signal: contextlib.nullcontext())
+    started, stopped = tmp_path / "started", tmp_path / "stopped"
+    result: dict = {}
+
+    def start(ttl: str) -> threading.Thread:
+        def run() -> None:
+            ran = CliRunner().invoke(main, [
+                "pool", "exec", "--url", sqlite_pool_url, "--ttl", ttl, "--", "sh", "-c",
+                'trap \'echo stopped > "$1"; exit 143\' TERM; touch "$0"; '
+                'i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done', str(started), str(stopped)])
+            result.update(code=ran.exit_code, stderr=ran.stderr, exception=ran.exception)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not started.exists():
+            assert time.monotonic() < deadline and thread.is_alive(), result
+            time.sleep(0.05)
+        return thread
+
+    return clock, start, stopped, result
+
+
+def test_a_holder_whose_clock_steps_back_keeps_its_lease(stepped_exec, sqlite_pool_url):
+    """The clock goes back an hour under a 2 s lease: the heartbeat's wait would last an hour, but the
+    holder notices the step and renews on the pool's clock, so nobody else gets dev0 meanwhile."""
+    clock, start, stopped, result = stepped_exec
+    thread = start("2")
+    clock.offset = 3600.0
+    with Pool.open(sqlite_pool_url) as p, pytest.raises(LeaseTimeout):
+        p.acquire(ttl_s=30, timeout_s=5)  # more than twice the TTL
+    thread.join(60)
+    assert result["code"] == 0, result
+    assert not stopped.exists()
+    assert "expired" not in events(sqlite_pool_url)
+
+
+def test_a_holder_whose_clock_steps_back_is_told_its_lease_ended(stepped_exec, sqlite_pool_url):
+    """The pool ends the lease (it expired: the heartbeat stalled) and gives dev0 to another job as
+    the holder's clock goes back an hour: by its own clock its fence deadline is an hour away and
+    its heartbeat waits an hour, yet it is told at once: its command stopped, exit 3."""
+    clock, start, stopped, result = stepped_exec
+    thread = start("30")
+    with Pool.open(sqlite_pool_url) as p:
+        with p.store.write() as txn:
+            txn.run("UPDATE leases SET expires = {now} - 1 WHERE ended IS NULL")
+        clock.offset = 3600.0
+        other = p.acquire(ttl_s=60, timeout_s=5)
+        thread.join(60)
+        assert not thread.is_alive()
+        assert result["code"] == 3, result
+        assert "lost" in result["stderr"] and stopped.read_text().strip() == "stopped"
+        p.release(other.token)
