@@ -176,22 +176,3 @@ def test_an_interrupted_deploy_of_many_files_removes_every_partial_file(tmp_path
     assert len(removals) > 1 and device.refused == []
     assert not [p for p in ws.rglob("*") if PARTIAL_SUFFIX in p.name]
     assert not (ws / RECORD_NAME).exists()
-
-
-@pytest.mark.slow
-def test_a_bundle_of_ten_thousand_files_deploys(tmp_path):
-    """10,000 names of 20-odd bytes: one command would be ten times what a phone takes."""
-    base = make_bundle(tmp_path / "b", "many", {"model.pte": 3000, "lib/part.so": 10})
-    part = base.files[1]  # one host file under 10,000 names: the host side costs nothing
-    bundle = dataclasses.replace(base, files=[base.files[0], *(
-        dataclasses.replace(part, name=f"lib/part-{i:05d}.so") for i in range(10_000))])
-    device = ArgLimitDevice(tmp_path / "device")
-    report = deploy(device, bundle)
-    assert device.refused == [] and report.files_pushed == len(bundle.files)
-    _holds_exactly(device, bundle)
-    assert max(len(c.encode()) for c in device.commands) <= deploy_mod.COMMAND_BYTES
-
-    device.pushes.clear()
-    again = deploy(device, bundle)
-    assert (again.files_pushed, again.files_skipped) == (0, len(bundle.files))
-    assert device.refused == [] and device.pushes == []
