@@ -252,7 +252,7 @@ def _relative_change(now: float, base: float) -> float:
     and is now 40 ms has regressed, not stayed within the effect size)."""
     if base:
         return (now - base) / base
-    return 0.0 if now == base else math.copysign(math.inf, now - base)
+    return 0.0 if now == 0 else math.copysign(math.inf, now)
 
 
 def compare_samples(now: list[float], base: list[float], config: GateConfig = GateConfig(), *,

@@ -17,7 +17,7 @@ def test_a_minimum_is_judged_on_the_median_not_the_best_run():
 
 
 def test_a_minimum_with_no_run_is_never_met():
-    assert below_minimum([], 1.0) is not None
+    assert below_minimum([], 1.5) == "no measured run to compare with the minimum 1.5"
 
 
 def test_a_relative_rule_compares_medians():
@@ -43,3 +43,11 @@ def test_golden_text_is_a_prefix():
     assert golden_text_mismatch("Once upon a time, a fox", "Once upon a time,") is None
     assert golden_text_mismatch("Once upon", "Once upon a time,") is not None
     assert golden_text_mismatch("Twice upon a time,", "Once") is not None
+
+
+def test_a_golden_text_mismatch_shows_the_output_up_to_40_characters_past_the_golden():
+    """Enough of the output to see where it went its own way, not the whole generation."""
+    output = "Twice " + "x" * 60
+    assert golden_text_mismatch(output, "Once") == (f"output {output[:44]!r} does not start with the "
+                                                    f"golden 'Once'")
+    assert golden_text_mismatch("Twice", "Once") == "output 'Twice' does not start with the golden 'Once'"
