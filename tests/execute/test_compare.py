@@ -4,10 +4,15 @@ shown that it agrees)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import pytest
 
-from farm.execute.compare import UPDATER_PAIR, Comparison
+from farm.execute import compare as compare_mod
+from farm.execute.compare import UPDATER_PAIR, Comparison, compare_updaters
 from farm.execute.run import RunResult
+from farm.execute.runprofile import RunRequest
 
 
 def result(updater: str, ids: list[int] | None = None, text: bytes | None = None) -> RunResult:
@@ -79,3 +84,77 @@ def test_a_missing_updater_is_nothing_to_compare():
     c = Comparison("S1", "kv", "p", 16, {first: result(first, ids=[1])})
     assert not c.agree and c.first_divergence() is None
     assert "nothing to compare" in c.explain()
+
+
+@pytest.mark.parametrize("by_text", [False, True], ids=["token ids", "text"])
+def test_two_runs_that_produced_nothing_never_agree(by_text):
+    """Two runs without outputs (no text at all, or none generated) are not an agreement, whichever
+    way the comparison goes."""
+    nothing = (None, None) if by_text else ([], [])
+    c = comparison(*nothing, by_text=by_text)
+    assert not c.agree
+    unit = "output text" if by_text else "generated token ids"
+    assert c.explain() == (f"SmartMask and ShiftPointer do not agree on S1 (kv): both produced no {unit} "
+                           f"(empty outputs are never an agreement)")
+
+
+# -- what the verdict says: the contract of the message -----------------------------------------
+
+@pytest.mark.parametrize("c, message", [
+    (comparison([1, 2, 3], [1, 2, 3]), "SmartMask and ShiftPointer agree on 3 ids"),
+    (comparison(b"four", b"four", by_text=True), "SmartMask and ShiftPointer agree on 4 text"),
+    (comparison([1, 2, 3, 4, 5, 6, 7], [1, 9, 3, 4, 5, 6, 7]),
+     "SmartMask and ShiftPointer diverge at token ids index 1 on S1 (kv): [2, 3, 4, 5, 6] vs [9, 3, 4, 5, 6]"),
+    (comparison(b"abc", b"abd", by_text=True),
+     "SmartMask and ShiftPointer diverge at output text index 2 on S1 (kv): b'c' vs b'd'"),
+    (comparison([], [4]), "SmartMask and ShiftPointer do not agree on S1 (kv): SmartMask produced no "
+                          "generated token ids (empty outputs are never an agreement)"),
+    (comparison(b"text", b"", by_text=True), "SmartMask and ShiftPointer do not agree on S1 (kv): "
+                                             "ShiftPointer produced no output text (empty outputs are "
+                                             "never an agreement)"),
+    (Comparison("S1", "hybrid", "p", 16, {UPDATER_PAIR[0]: result(UPDATER_PAIR[0], ids=[1])}),
+     "no result for ShiftPointer on S1 (hybrid): nothing to compare"),
+    (Comparison("S2", "kv", "p", 16), "no result for SmartMask and ShiftPointer on S2 (kv): nothing to compare"),
+], ids=["agree ids", "agree text", "diverge ids", "diverge text", "first empty", "second empty",
+        "one missing", "both missing"])
+def test_the_verdict_says_which_updaters_on_which_device_and_where(c, message):
+    assert c.explain() == message
+
+
+# -- compare_updaters: both updaters, one request ----------------------------------------------
+
+class RecordedRuns:
+    """Stands in for farm.execute.run.run: records each call and answers with a fixed result."""
+
+    def __init__(self):
+        self.calls: list[tuple[object, object, RunRequest, float]] = []
+
+    def __call__(self, device, bundle, request: RunRequest, *, timeout: float) -> RunResult:
+        self.calls.append((device, bundle, request, timeout))
+        return result(request.updater, ids=[1, 2, 3])
+
+
+@pytest.fixture
+def runs(monkeypatch) -> RecordedRuns:
+    recorded = RecordedRuns()
+    monkeypatch.setattr(compare_mod, "run", recorded)
+    return recorded
+
+
+DEVICE = SimpleNamespace(serial="S9")
+BUNDLE = SimpleNamespace(name="b")
+
+
+@pytest.mark.parametrize("base", [None, RunRequest(prompts=["other", "prompts"], mode="hybrid", seq_len=8,
+                                                   temperature=0.8, system_prompt="be brief", seed=7,
+                                                   num_iters=3, extra_args=["--x", "1"])],
+                         ids=["default request", "from a base request"])
+def test_both_updaters_run_the_same_greedy_request_with_the_callers_timeout(runs, base):
+    c = compare_updaters(DEVICE, BUNDLE, mode="kv", prompt="Once upon", seq_len=64, timeout=42.0, base=base)
+    expected = replace(base or RunRequest(prompts=[]), prompts=["Once upon"], mode="kv", seq_len=64,
+                       temperature=0.0)
+    assert [(d, b, t) for d, b, _, t in runs.calls] == [(DEVICE, BUNDLE, 42.0)] * 2
+    assert [r for _, _, r, _ in runs.calls] == [replace(expected, updater=u) for u in UPDATER_PAIR]
+    assert (c.serial, c.mode, c.prompt, c.seq_len) == ("S9", "kv", "Once upon", 64)
+    assert {u: r.updater for u, r in c.results.items()} == {u: u for u in UPDATER_PAIR}
+    assert c.agree and c.explain() == "SmartMask and ShiftPointer agree on 3 ids"

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from farm.execute.run import (
@@ -7,6 +9,7 @@ from farm.execute.run import (
     parse_speed,
     parse_token_ids,
     prefill_rate,
+    stderr_tail,
 )
 
 STDOUT = """I 00:00:00.1 loading
@@ -44,3 +47,63 @@ def test_speed_and_token_ids():
     assert parse_token_ids('{"prompt_ids": [1, 2], "generated_ids": [3]}') == ([1, 2], [3])
     assert parse_token_ids('{"prompt_ids": ["x"]}') == (None, None)
     assert parse_token_ids("garbage") == (None, None)
+
+
+TIMES = {"prompt_tokens": 20, "generated_tokens": 5, "inference_start_ms": 1000, "prompt_eval_end_ms": 1250,
+         "first_token_ms": 1250, "inference_end_ms": 2250}
+
+
+@pytest.mark.parametrize("change, decode, prefill", [
+    ({}, 4 / 1.0, 20 / 0.25),
+    ({"generated_tokens": 2}, 1 / 1.0, 20 / 0.25),  # two tokens: one decode step, a rate
+    ({"generated_tokens": 1}, None, 20 / 0.25),  # the first token alone: no decode step
+    ({"inference_end_ms": 1250}, None, 20 / 0.25),  # no time between first token and end
+    ({"prompt_eval_end_ms": 1000}, 4 / 1.0, None),  # no time for the prompt
+    ({"generated_tokens": True, "prompt_tokens": False}, None, None),  # a bool is no count
+    ({"generated_tokens": "5", "prompt_tokens": None}, None, None),
+    ({"first_token_ms": None, "inference_start_ms": "0"}, None, None),
+    ({"inference_end_ms": [2250], "prompt_eval_end_ms": {}}, None, None),
+], ids=["whole", "two tokens", "one token", "no decode time", "no prefill time", "bools", "strings",
+        "missing starts", "odd ends"])
+def test_rates_are_only_given_for_counts_and_times_that_make_one(change, decode, prefill):
+    stats = {**TIMES, **change}
+    assert decode_rate(stats) == (pytest.approx(decode) if decode else None)
+    assert prefill_rate(stats) == (pytest.approx(prefill) if prefill else None)
+    for key in TIMES:  # any one figure missing: no rate that needs it
+        without = {k: v for k, v in stats.items() if k != key}
+        if key in ("generated_tokens", "first_token_ms", "inference_end_ms"):
+            assert decode_rate(without) is None
+        else:
+            assert prefill_rate(without) is None
+
+
+def test_token_ids_must_be_an_object_of_integer_lists():
+    assert parse_token_ids("[1, 2]") == (None, None)
+    assert parse_token_ids('"ids"') == (None, None)
+    assert parse_token_ids('{"generated_ids": [4, 5]}') == (None, [4, 5])
+    assert parse_token_ids("") == (None, None)
+
+
+def _ran(stdout: str = "", stderr: str = "") -> RunResult:
+    return RunResult(serial="s", bundle="b", mode="kv", updater="SmartMask", command="c", exit_code=1,
+                     stdout=stdout, stderr=stderr, duration_s=1.0)
+
+
+@pytest.mark.parametrize("stdout, stderr, tail", [
+    ("out", "e1\n\n  e2  \n", "e1 | e2"),
+    ("o1\no2\n", " \n", "o1 | o2"),  # stderr blank: stdout is all there is
+    ("", "", "no output"),
+    ("", "".join(f"line {i}\n" for i in range(9)), "line 4 | line 5 | line 6 | line 7 | line 8"),
+    ("", "x" * 400 + "\nlast", "x" * 300 + " | last"),
+], ids=["stderr", "stdout when stderr is blank", "nothing", "the last five", "long lines cut"])
+def test_the_stderr_tail_is_the_last_lines_on_one_line(stdout, stderr, tail):
+    assert stderr_tail(_ran(stdout, stderr)) == tail
+
+
+def test_the_result_dict_carries_both_rates_and_no_bytes():
+    r = RunResult(serial="s", bundle="b", mode="kv", updater="SmartMask", command="c", exit_code=0,
+                  stdout="", stderr="", duration_s=1.0, text="hi", text_bytes=b"hi", observers=[TIMES])
+    d = r.to_dict()
+    assert d["decode_tok_s"] == pytest.approx(4.0) and d["prefill_tok_s"] == pytest.approx(80.0)
+    assert "text_bytes" not in d and d["text"] == "hi" and d["local_dir"] is None
+    assert json.loads(json.dumps(d)) == d

@@ -1,0 +1,99 @@
+"""Which flags a run gives the bundle's runner: what its ``--help`` shows on the device, asked once per
+device and runner build (FakeDevice: no adb).
+
+An ``auto`` bundle runs in the dialect its runner's help shows; a declared dialect the help contradicts
+is refused naming the device, also when the answer came from the cache; a help that shows no dialect is
+not remembered (asked again next time) and leaves an ``auto`` bundle unable to run, saying what the
+help printed and how it exited.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from farm.errors import UsageError
+from farm.execute import run as run_mod
+from farm.execute.deploy import deploy
+from farm.execute.run import run
+from tests.execute.run_support import RecordingDevice, runner_script, scripted, scripted_bundle
+from tests.support.runner_help_texts import HOST_RUNNER, QNN_V1_0_1, QNN_V1_1_0
+
+NO_DIALECT = "usage: qnn_llama_runner [options]\nqnn_llama_runner: cannot open libQnnHtp.so\n"
+
+
+@pytest.fixture(autouse=True)
+def fresh_help_cache(monkeypatch):
+    monkeypatch.setattr(run_mod, "_HELP", {})
+
+
+def device(tmp_path, serial: str, **kw) -> RecordingDevice:
+    return RecordingDevice(tmp_path / serial, serial=serial, **kw)
+
+
+def deployed(tmp_path, dev: RecordingDevice, name: str, help_text: str, dialect: str = "auto"):
+    bundle = scripted_bundle(tmp_path / "bundles" / name, name, help_text, dialect=dialect)
+    deploy(dev, bundle)
+    return bundle
+
+
+def flags(dev, bundle) -> tuple[str, ...]:
+    """The dialect-telling flags the runner was given."""
+    result = run(dev, bundle, scripted(text="ok", ids={"generated_ids": [1]}), timeout=60)
+    argv = json.loads(result.stdout.splitlines()[-1])["argv"]
+    return tuple(f for f in ("--kv_updater", "--shared_buffer", "--token_ids_path") if f in argv)
+
+
+def test_an_auto_bundles_runner_is_asked_once_per_device_and_runner_build(tmp_path):
+    a, b = device(tmp_path, "dev-a"), device(tmp_path, "dev-b")
+    v1_0 = deployed(tmp_path, a, "v1-0", QNN_V1_0_1)
+    assert flags(a, v1_0) == flags(a, v1_0) == ("--kv_updater",)
+    assert len(a.help_calls()) == 1  # the second run took the answer from the cache
+    deploy(b, v1_0)
+    assert flags(b, v1_0) == ("--kv_updater",) and len(b.help_calls()) == 1  # another device: asked
+    v1_1 = deployed(tmp_path, a, "v1-1", QNN_V1_1_0)  # another runner build on the same device: asked
+    assert flags(a, v1_1) == flags(a, v1_1) == ("--shared_buffer",)
+    assert len(a.help_calls()) == 2
+    assert flags(a, v1_0) == ("--kv_updater",) and len(a.help_calls()) == 2
+
+
+def test_the_host_runner_on_the_devices_path_is_asked_like_any_other(tmp_path):
+    dev = device(tmp_path, "dev-a", programs={"farm-llama-runner": runner_script(HOST_RUNNER)})
+    bundle = scripted_bundle(tmp_path / "host", "host", HOST_RUNNER)
+    bundle = dataclasses.replace(bundle, runner=None, files=[f for f in bundle.files if f.role != "runner"])
+    deploy(dev, bundle)
+    assert flags(dev, bundle) == flags(dev, bundle) == ("--kv_updater", "--token_ids_path")
+    assert [c.split(" && ")[-1] for c in dev.help_calls()] == ["farm-llama-runner --help 2>&1"]
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["asked", "cached"])
+def test_a_declared_dialect_the_runner_contradicts_is_refused_naming_the_device(tmp_path, cached):
+    dev = device(tmp_path, "dev-a")
+    if cached:  # the same runner build, in another bundle that lets it tell its dialect
+        assert flags(dev, deployed(tmp_path, dev, "auto", QNN_V1_1_0)) == ("--shared_buffer",)
+    declared = deployed(tmp_path, dev, "declared", QNN_V1_1_0, dialect="qnn-v1.0")
+    with pytest.raises(UsageError) as caught:
+        flags(dev, declared)
+    assert str(caught.value) == (
+        f"{declared.manifest_path}: runner ./qnn_llama_runner on dev-a: the manifest's 'runner_dialect' "
+        f"is 'qnn-v1.0' but the runner is 'qnn-shared-buffer' (its --help lists --shared_buffer); fix "
+        f"the manifest or set 'runner_dialect' to 'auto'")
+    assert len(dev.help_calls()) == 1
+    assert dev.runner_calls() == ([dev.runner_calls()[0]] if cached else [])  # the refused one never ran
+
+
+def test_a_help_showing_no_dialect_is_asked_again_and_an_auto_bundle_cannot_run(tmp_path):
+    dev = device(tmp_path, "dev-a")
+    declared = deployed(tmp_path, dev, "declared", NO_DIALECT, dialect="qnn-v1.0")
+    assert flags(dev, declared) == flags(dev, declared) == ("--kv_updater",)  # nothing contradicts it
+    assert len(dev.help_calls()) == 2  # not remembered: the next deploy may bring the runner's libraries
+    auto = deployed(tmp_path, dev, "auto", NO_DIALECT)
+    with pytest.raises(UsageError) as caught:
+        flags(dev, auto)
+    message = str(caught.value)
+    assert message.startswith(f"{auto.manifest_path}: runner ./qnn_llama_runner on dev-a: cannot tell "
+                              f"its dialect ('runner_dialect' is 'auto'): its --help lists none of ")
+    assert message.endswith("; --help exited 1: qnn_llama_runner: cannot open libQnnHtp.so; deploy the "
+                            "bundle first, or declare the manifest's 'runner_dialect'")
