@@ -1,0 +1,244 @@
+"""The leasing rules users read and rely on (farm.pool.leases): what a refusal and a timeout say,
+renew and release and their refusals, the lease's clock, spreading load, dropping a waiter that stopped
+polling, and reading the event log. Fast: one process, no device."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from farm.config import PoolConfig
+from farm.errors import LeaseError, LeaseTimeout, UsageError
+from farm.pool import AVAILABLE, LEASED, Holder, LeaseRequest, Pool
+from farm.procs import wait_until
+from tests.support.pool import fake_device
+
+ALICE = Holder("alice", "ci-7", 99, "job-5", "nightly")
+LAB = [fake_device("a8650", "SM8650", "v75", tags=("usb3",)),
+       fake_device("b8550", "SM8550", "v73", virtual=False),
+       fake_device("c8550", "SM8550", "v73", virtual=False, tags=("usb3", "fast"))]
+LAB_INVENTORY = ("3 device(s): SoC SM8550 (2), SM8650 (1); HTP v73, v75; tags fast (1), usb3 (2); "
+                 "1 virtual, 2 physical")
+
+
+@pytest.fixture
+def lab(pool: Pool) -> Pool:
+    pool.sync(LAB)
+    return pool
+
+
+@pytest.mark.parametrize(("request_", "why"), [
+    (LeaseRequest(socs=("SM8560",)),
+     "unknown SoC 'SM8560' (did you mean SM8850 or SM8750 or SM8650?)"),
+    (LeaseRequest(socs=("QCS404X",)), "unknown SoC 'QCS404X'"),
+    (LeaseRequest(socs=("SM8750",)), "no device of SoC SM8750"),
+    (LeaseRequest(tags=("nope", "fast", "gone")), "unknown tag(s) gone, nope"),
+    (LeaseRequest(min_htp_arch=79), "HTP >= v79 is above every device (highest: v75)"),
+    (LeaseRequest(serial="zz"), "no device zz"),
+    (LeaseRequest(socs=("SM8650",), virtual=False), "no single device has all of it"),
+    (LeaseRequest(socs=("SM8550",), tags=("fast",), virtual=True), "no single device has all of it"),
+])
+def test_a_request_no_device_could_ever_serve_is_refused_with_why_and_the_inventory(lab, request_, why):
+    with pytest.raises(UsageError) as refused:
+        lab.acquire(request_, ttl_s=30, timeout_s=5)
+    assert str(refused.value) == (f"no device in the pool could ever serve [{request_.describe()}]: "
+                                  f"{why}. The pool has {LAB_INVENTORY}")
+    assert lab.status().queue == []  # refused at once, never queued
+
+
+def test_a_refusal_counts_offline_devices_of_unknown_soc_and_names_the_missing_kind(pool):
+    pool.sync([fake_device("p0", "SM8650", "v75", virtual=False),
+               fake_device("p1", None, None, virtual=False, server="127.0.0.1:15038")])
+    pool.sync([fake_device("p0", "SM8650", "v75", virtual=False)], ["127.0.0.1:15038"])  # p1 went
+    with pytest.raises(UsageError) as refused:
+        pool.acquire(LeaseRequest(virtual=True), ttl_s=30, timeout_s=5)
+    assert str(refused.value) == (
+        "no device in the pool could ever serve [virtual (priority 0)]: no virtual device. The pool has "
+        "2 device(s): SoC SM8650 (1), unknown (1); HTP v75; tags none; 0 virtual, 2 physical; 1 offline")
+
+
+def test_a_timeout_names_each_matching_device_its_state_and_holder(lab):
+    held = lab.acquire(LeaseRequest(serial="c8550"), ALICE, ttl_s=30, timeout_s=0)
+    lab.quarantine("b8550", "usb resets")
+    with pytest.raises(LeaseTimeout) as timeout:
+        lab.acquire(LeaseRequest(socs=("SM8550",)), ttl_s=30, timeout_s=0)
+    assert str(timeout.value) == (
+        "no device for request [SoC SM8550 (priority 0)] within 0s: 2 of 3 devices match: "
+        "b8550 quarantined (usb resets); c8550 leased, held by alice@ci-7 pid 99 job job-5 (nightly) "
+        "for 0s, expires in 30s")
+    held.release()
+
+
+def test_a_timeout_when_no_device_matches_lists_the_pool(pool):
+    pool.sync([fake_device(f"d{i:02}") for i in range(14)])
+    with pytest.raises(LeaseTimeout) as timeout:  # could match some day: waits, then times out
+        pool.acquire(LeaseRequest(exclude=tuple(f"d{i:02}" for i in range(14))), ttl_s=30, timeout_s=0)
+    listed = "; ".join(f"d{i:02} (SM8650, HTP v75, virtual) on 127.0.0.1:15037" for i in range(12))
+    assert str(timeout.value).endswith(
+        f"within 0s: no device in the pool matches; the pool has 14: {listed} and 2 more")
+
+
+def test_a_timeout_counts_the_waiters_ahead(lab):
+    held = [lab.acquire(LeaseRequest(serial=s), ttl_s=30, timeout_s=0) for s in ("b8550", "c8550")]
+    first = threading.Thread(target=lambda: lab.acquire(LeaseRequest(socs=("SM8550",), priority=5),
+                                                        ttl_s=30, timeout_s=30).release())
+    first.start()
+    try:
+        assert wait_until(lambda: len(lab.status().queue) == 1, timeout=30)
+        with pytest.raises(LeaseTimeout) as timeout:
+            lab.acquire(LeaseRequest(socs=("SM8550",)), ttl_s=30, timeout_s=0)
+        assert str(timeout.value).endswith("expires in 30s; 1 waiter(s) ahead of this request")
+        with pytest.raises(LeaseTimeout) as timeout:  # a higher priority is served before it
+            lab.acquire(LeaseRequest(socs=("SM8550",), priority=9), ttl_s=30, timeout_s=0)
+        assert "ahead" not in str(timeout.value)
+    finally:
+        for lease in held:
+            lease.release()
+        first.join()
+
+
+def test_a_lease_lasts_its_ttl_from_its_last_renewal(lab):
+    lease = lab.acquire(LeaseRequest(serial="a8650"), ALICE, ttl_s=45, timeout_s=0)
+    assert (lease.info.expires - lease.info.created, lease.ttl_s) == (45, 45)
+    renewed = lab.renew(lease.token, 120)
+    assert renewed.token == lease.token and renewed.expires - renewed.renewed == 120
+    assert renewed.renewed >= lease.info.renewed and renewed.ended is None
+    assert lab.status().devices[0].lease.expires == renewed.expires
+
+
+def test_the_pools_default_ttl_applies_when_none_is_given(tmp_path):
+    with Pool.open(f"sqlite:///{tmp_path / 'pool.db'}", PoolConfig(lease_ttl_s=77)) as pool:
+        pool.sync([fake_device("dev0")])
+        lease = pool.acquire(LeaseRequest(), timeout_s=0)
+        assert lease.ttl_s == 77 and lease.info.expires - lease.info.created == 77
+
+
+@pytest.mark.parametrize("ttl", [0, -5])
+def test_a_ttl_that_is_not_positive_is_refused(lab, ttl):
+    with pytest.raises(ValueError, match=f"^ttl_s must be positive, got {ttl}$"):
+        lab.acquire(LeaseRequest(), ttl_s=ttl, timeout_s=0)
+
+
+def test_release_ends_the_lease_and_frees_the_device(lab):
+    lease = lab.acquire(LeaseRequest(serial="a8650"), ALICE, ttl_s=30, timeout_s=0)
+    ended = lab.release(lease.token)
+    assert ended.token == lease.token and ended.ended is not None and ended.end_reason == "released"
+    assert ended.holder == ALICE
+    by_serial = {d.device.serial: d for d in lab.status().devices}
+    assert by_serial["a8650"].device.state == AVAILABLE and by_serial["a8650"].lease is None
+
+
+def test_an_ended_lease_is_neither_renewed_nor_released_and_the_refusal_says_why(lab):
+    lease = lab.acquire(LeaseRequest(serial="a8650"), ttl_s=30, timeout_s=0)
+    lab.release(lease.token)
+    for verb, act in (("renew", lambda: lab.renew(lease.token, 30)),
+                      ("release", lambda: lab.release(lease.token))):
+        with pytest.raises(LeaseError) as refused:
+            act()
+        assert str(refused.value).startswith(f"cannot {verb}: lease {lease.token} on a8650 was released ")
+    with pytest.raises(LeaseError, match=r"^cannot renew: lease token '0+' is unknown to this pool"):
+        lab.renew("0" * 32, 30)
+    assert {d.device.serial: d.device.state for d in lab.status().devices}["a8650"] == AVAILABLE
+
+
+def test_successive_leases_spread_over_equivalent_devices(pool):
+    pool.sync([fake_device("dev0"), fake_device("dev1"), fake_device("dev2")])
+    served = []
+    for _ in range(6):
+        lease = pool.acquire(LeaseRequest(), ttl_s=30, timeout_s=0)
+        served.append(lease.serial)
+        lease.release()
+    assert served == ["dev0", "dev1", "dev2", "dev0", "dev1", "dev2"]
+
+
+def test_all_free_devices_go_to_the_waiters_that_fit_them(pool):
+    pool.sync([fake_device("x0", "SM8650"), fake_device("y0", "SM8550", "v73")])
+    held = [pool.acquire(LeaseRequest(serial=s), ttl_s=30, timeout_s=0) for s in ("x0", "y0")]
+    got: dict[str, str] = {}
+    waiters = [threading.Thread(target=lambda soc=soc: got.__setitem__(
+        soc, pool.acquire(LeaseRequest(socs=(soc,)), ttl_s=30, timeout_s=30).serial))
+        for soc in ("SM8650", "SM8550")]
+    for w in waiters:
+        w.start()
+    assert wait_until(lambda: len(pool.status().queue) == 2, timeout=30)
+    for lease in held:  # both freed in turn: each goes to the one waiter that can use it
+        lease.release()
+    for w in waiters:
+        w.join()
+    assert got == {"SM8650": "x0", "SM8550": "y0"}
+    assert pool.status().queue == []
+
+
+def test_a_waiter_that_stops_polling_is_dropped_and_queues_again_at_the_back(pool_url):
+    with Pool.open(pool_url, poll_s=0.02, waiter_stale_s=0.4) as pool, \
+            Pool.open(pool_url, poll_s=0.02) as other:
+        pool.sync([fake_device("dev0")])
+        held = pool.acquire(LeaseRequest(), ttl_s=30, timeout_s=0)
+        stalled, resume = threading.Event(), threading.Event()
+
+        def on_wait(_waited: float) -> None:
+            if not resume.is_set():
+                stalled.set()
+                resume.wait(30)  # a waiter that stopped polling (paused, swapped out)
+
+        result: list[str] = []
+        waiter = threading.Thread(target=lambda: result.append(
+            other.acquire(LeaseRequest(), Holder("bob", "h2", 7), ttl_s=30, timeout_s=30,
+                          on_wait=on_wait).serial))
+        waiter.start()
+        assert stalled.wait(30)
+        # Any pool change settles the pool: a waiter silent for longer than waiter_stale_s goes.
+        assert wait_until(lambda: (pool.record_success("dev0"), pool.status().queue)[1] == [],
+                          timeout=30, interval=0.2)
+        abandoned = [e for e in pool.history() if e.kind == "abandoned"]
+        assert len(abandoned) == 1 and abandoned[0].holder == "bob@h2 pid 7"
+        assert abandoned[0].detail.startswith("no poll for ")
+        resume.set()
+        assert wait_until(lambda: len(pool.status().queue) == 1, timeout=30)  # back in the queue
+        held.release()
+        waiter.join()
+        assert result == ["dev0"]
+
+
+def test_history_filters_by_device_and_lease_and_pages_by_id(lab):
+    first = lab.acquire(LeaseRequest(serial="a8650"), ttl_s=30, timeout_s=0)
+    second = lab.acquire(LeaseRequest(serial="b8550"), ttl_s=30, timeout_s=0)
+    first.release()
+    everything = lab.history(limit=None)
+    assert [e.id for e in everything] == sorted(e.id for e in everything)  # oldest first
+    assert [e.kind for e in lab.history(serial="a8650")] == ["added", "leased", "released"]
+    assert [(e.kind, e.serial) for e in lab.history(token=first.token)] == \
+        [("leased", "a8650"), ("released", "a8650")]
+    assert [e.kind for e in lab.history(serial="a8650", token=second.token)] == []
+    assert lab.history(limit=2) == everything[-2:]
+    after = everything[-3].id
+    assert lab.history(after_id=after) == everything[-2:]
+    assert lab.history(serial="b8550", after_id=after) == [e for e in everything[-2:] if e.serial == "b8550"]
+    second.release()
+
+
+def test_status_lists_devices_by_serial_with_their_leases(lab):
+    lease = lab.acquire(LeaseRequest(serial="b8550"), ALICE, ttl_s=30, timeout_s=0)
+    status = lab.status()
+    assert [d.device.serial for d in status.devices] == ["a8650", "b8550", "c8550"]
+    assert [(d.device.state, d.lease.token if d.lease else None) for d in status.devices] == \
+        [(AVAILABLE, None), (LEASED, lease.token), (AVAILABLE, None)]
+    assert status.devices[1].lease.holder == ALICE and status.queue == []
+    lease.release()
+
+
+def test_leaving_a_lease_that_ended_under_it_raises_unless_already_unwinding(lab, caplog):
+    lease = lab.acquire(LeaseRequest(serial="a8650"), ttl_s=30, timeout_s=0)
+    with pytest.raises(LeaseError, match="^cannot release: "):
+        with lease:
+            lab.release(lease.token)  # taken away under the holder
+    lease = lab.acquire(LeaseRequest(serial="a8650"), ttl_s=30, timeout_s=0)
+    with caplog.at_level(logging.WARNING, logger="farm.pool.leases"), \
+            pytest.raises(KeyError, match="the test's own error"):
+        with lease:
+            lab.release(lease.token)
+            raise KeyError("the test's own error")  # not hidden by the failed release
+    assert any(f"lease {lease.token[:8]} on a8650: not released" in r.getMessage()
+               and r.getMessage().endswith("while handling KeyError") for r in caplog.records)
