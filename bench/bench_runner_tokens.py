@@ -135,7 +135,7 @@ def runner_for(manifest: Path, mode: str, updater: str) -> LlamaRunner:
 
 def measure(runner: LlamaRunner, seq_len: int) -> tuple[dict[str, float], list[int]]:
     probe = Probe(runner)
-    gen = runner.generate([PROMPT], "", seq_len, 0.0, 0)
+    gen = runner.complete(PROMPT, seq_len)
     probe.timings.end = time.perf_counter()
     # Unwrap (the next measurement wraps afresh).
     runner.decode, runner.prefill = runner.decode._method, runner.prefill._method

@@ -35,10 +35,10 @@ def runner_for(manifest: Path, mode: str, updater: str) -> LlamaRunner:
 
 
 def measure(runner: LlamaRunner, seq_len: int) -> tuple[float, float, list[int]]:
-    gen = runner.generate([PROMPT], "", seq_len, 0.0, 0)
+    gen = runner.complete(PROMPT, seq_len)
     s = gen.stats
     decode_s = max(s.inference_end_ms - s.first_token_ms, 1) / 1000
-    return s.tokens_per_second(), (s.generated_tokens - 1) / decode_s, gen.generated_ids
+    return s.tokens_per_second(), s.generated_tokens / decode_s, gen.generated_ids
 
 
 def main() -> int:

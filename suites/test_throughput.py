@@ -40,35 +40,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("point", points, ids=ids)
 
 
-def iteration_rates(result) -> list[float]:
-    """tok/s of each iteration, as inference_speed.txt computes it (prefill included)."""
-    rates = []
-    for stats in result.observers:
-        start, end = stats.get("inference_start_ms"), stats.get("inference_end_ms")
-        n = stats.get("generated_tokens")
-        if isinstance(start, (int, float)) and isinstance(end, (int, float)) and n and end > start:
-            rates.append(n / ((end - start) / 1000.0))
-    return rates
-
-
 def measure(llm, farm, thresholds: Thresholds, record_measurement, *, mode: str, seq_len: int,
             updater: str, threshold: float | None = None) -> list[float]:
-    """The measured runs (warm-ups dropped), recorded raw. One runner invocation with --num_iters
-    when the runner reports every iteration; separate invocations otherwise."""
+    """The measured runs (warm-ups dropped), recorded raw: one runner invocation per run, each its
+    own process as upstream's CI runs it. Not --num_iters: qnn_llama_runner v1.0.1 keeps its position
+    across iterations, so the second iteration of a run that filled its seq_len aborts."""
     limit = farm.options.max_temp_c or (None if llm.device.virtual else PHONE_MAX_TEMP_C)
     if limit is not None:
         temp = llm.device.wait_cool(limit, farm.options.cool_timeout_s)
         llm.record("battery_temp_c", "unknown" if temp is None else f"{temp:.1f}")
-    total = thresholds.warmup + thresholds.runs
-    result = llm.generate(thresholds.prompt, updater=updater, mode=mode, seq_len=seq_len,
-                          num_iters=total)
-    rates = iteration_rates(result)
-    if len(rates) < total:
-        rates = []
-        for _ in range(total):
-            one = llm.generate(thresholds.prompt, updater=updater, mode=mode, seq_len=seq_len)
-            assert one.tokens_per_s is not None, "the runner wrote no inference_speed.txt"
-            rates.append(one.tokens_per_s)
+    rates = []
+    for _ in range(thresholds.warmup + thresholds.runs):
+        one = llm.generate(thresholds.prompt, updater=updater, mode=mode, seq_len=seq_len)
+        assert one.tokens_per_s is not None, "the runner wrote no inference_speed.txt"
+        rates.append(one.tokens_per_s)
     measured = rates[thresholds.warmup:]
     record_measurement("tok_s", "tok/s", measured, updater=updater, mode=mode, seq_len=seq_len,
                        threshold=threshold)

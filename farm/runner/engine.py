@@ -7,16 +7,18 @@ prefills in chunks of ar_len P with `prefill_forward` (the last chunk shorter) a
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from farm.errors import UsageError
-from farm.model.template import PromptTemplate
+from farm.model.template import PromptTemplate, check_version
 from farm.runner.io_manager import UPDATERS, ContextFull, IoMgr, KVShape
 from farm.vocab import EvalMode
 
@@ -29,44 +31,71 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# extension/llm/runner/stats.h, stats_to_json_string: the observer line's keys, in its order.
+OBSERVER_KEYS = ("prompt_tokens", "generated_tokens", "model_load_start_ms", "model_load_end_ms",
+                 "inference_start_ms", "inference_end_ms", "prompt_eval_end_ms", "first_token_ms",
+                 "aggregate_sampling_time_ms", "SCALING_FACTOR_UNITS_PER_SECOND")
+SCALING_FACTOR_UNITS_PER_SECOND = 1000
+
+
 @dataclass
 class Stats:
-    """The fields of upstream's `PyTorchObserver {json}` line (extension/llm/runner/stats.h)."""
+    """Upstream's ``Stats`` (extension/llm/runner/stats.h): one per runner, never reset between prompts
+    or iterations; each generate call overwrites its own fields, sampling time accumulates."""
 
     model_load_start_ms: int = 0
     model_load_end_ms: int = 0
     inference_start_ms: int = 0
-    token_encode_end_ms: int = 0
     prompt_eval_end_ms: int = 0
     first_token_ms: int = 0
     inference_end_ms: int = 0
     aggregate_sampling_time_ms: int = 0
     prompt_tokens: int = 0
-    generated_tokens: int = 0
+    generated_tokens: int = 0  # the decode loop's steps: the token prefill produced is not counted
 
     def to_json(self) -> dict:
-        d = dict(self.__dict__)
-        d["SCALING_FACTOR_UNITS_PER_SECOND"] = 1000
-        return d
+        values = dict(self.__dict__, SCALING_FACTOR_UNITS_PER_SECOND=SCALING_FACTOR_UNITS_PER_SECOND)
+        return {key: values[key] for key in OBSERVER_KEYS}
+
+    def observer_line(self) -> str:
+        """``PyTorchObserver {json}``, compact, as print_report prints it after every prompt."""
+        return "PyTorchObserver " + json.dumps(self.to_json(), separators=(",", ":"))
 
     def tokens_per_second(self) -> float:
-        """inference_speed.txt: generated tokens over inference time (prefill included), as upstream."""
-        elapsed_s = max(self.inference_end_ms - self.inference_start_ms, 1) / 1000.0
+        """inference_speed.txt (runner.cpp print_performance_report): generated tokens over the
+        inference time, prefill included; prompt tokens over the prompt time when none was generated.
+        A zero interval gives inf, as the C++ division does."""
         if self.generated_tokens:
-            return self.generated_tokens / elapsed_s
-        prompt_s = max(self.prompt_eval_end_ms - self.inference_start_ms, 1) / 1000.0
-        return self.prompt_tokens / prompt_s
+            n, elapsed_ms = self.generated_tokens, self.inference_end_ms - self.inference_start_ms
+        else:
+            n, elapsed_ms = self.prompt_tokens, self.prompt_eval_end_ms - self.inference_start_ms
+        if elapsed_ms == 0:
+            return math.inf if n else math.nan
+        return n / elapsed_ms * SCALING_FACTOR_UNITS_PER_SECOND
+
+
+def cpp_double(value: float) -> str:
+    """A double as ``std::ostream << double`` writes it by default: %g with 6 significant digits."""
+    if math.isnan(value):
+        return "-nan" if math.copysign(1.0, value) < 0 else "nan"
+    return format(value, ".6g")
 
 
 @dataclass
 class Generation:
+    """One prompt's generate call (runner.cpp generate_from_prompt_or_file)."""
+
     prompt_ids: list[int]
-    generated_ids: list[int]
-    text: bytes  # echoed prompt + generated text, as the runner writes it
-    stats: Stats = field(default_factory=Stats)
+    generated_ids: list[int]  # every token written: the one prefill produced, then the decode loop's
+    text: bytes  # what the call adds to outputs.txt: the echoed prompt, then each token's piece
+    stats: Stats
+    reached_eos: bool = False
 
 
 class LlamaRunner:
+    """One loaded program and its KV caches. Like upstream's Runner, its position (``cur_pos``) carries
+    over from one generate call to the next, across turns and iterations alike."""
+
     def __init__(self, model_path: str, tokenizer_path: str, eval_mode: int,
                  io_mgr_cls: type[IoMgr], decoder_model_version: str = "llama3"):
         from farm.model.tokenizer import load_tokenizer
@@ -74,6 +103,7 @@ class LlamaRunner:
         if eval_mode not in METHODS:
             raise UsageError(f"--eval_mode: {eval_mode} ({EvalMode.from_number(eval_mode) or 'unknown'}) "
                              "is not supported; use 0 (kv) or 1 (hybrid)")
+        check_version(decoder_model_version)
         self.stats = Stats(model_load_start_ms=now_ms())
         self.program = _load_program(model_path)
         names = set(self.program.method_names)
@@ -119,66 +149,73 @@ class LlamaRunner:
     def context_len(self) -> int:
         return self.shape.max_seq_len
 
+    @property
+    def cur_pos(self) -> int:
+        return self.io.n_past
+
     def max_prompt_len(self) -> int:
         # Prefill writes its entries into the prefill method's cache (max_seq_len - ar_len entries).
         return self.shape.max_seq_len - self.prefill_ar
 
-    def generate(self, prompts: list[str], system_prompt: str, seq_len: int, temperature: float,
-                 seed: int) -> Generation:
-        if seq_len > self.context_len:
-            raise UsageError(f"--seq_len: {seq_len} exceeds the model's context length "
-                             f"{self.context_len}")
-        if seq_len < 1:
-            raise UsageError(f"--seq_len: must be positive, got {seq_len}")
+    def clamp_seq_len(self, seq_len: int) -> int:
+        """runner.cpp: a --seq_len outside 1..context length means the context length."""
+        return seq_len if 0 < seq_len <= self.context_len else self.context_len
+
+    def generate(self, prompt: str, seq_len: int, temperature: float, gen: torch.Generator,
+                 tokens: list[int] | None = None) -> Generation:
+        """One prompt, as upstream's generate_from_prompt_or_file: ``prompt`` is the formatted string
+        (or, with ``tokens``, the --tokenized_prompt path, echoed as it is)."""
         if temperature < 0:
             raise UsageError(f"--temperature: must be >= 0, got {temperature}")
-        gen = torch.Generator().manual_seed(seed)
-        stats = Stats(model_load_start_ms=self.stats.model_load_start_ms,
-                      model_load_end_ms=self.stats.model_load_end_ms, inference_start_ms=now_ms())
-        self.io.reset()
-        text = bytearray()
-
-        def out(token: int) -> None:
-            text.extend(self.template.piece(token))
-
-        all_prompt: list[int] = []
-        generated: list[int] = []
-        for turn, prompt in enumerate(prompts):
-            ids = self.template.encode_turn(prompt, system_prompt, first=turn == 0)
-            if self.io.n_past + len(ids) > self.max_prompt_len() or self.io.n_past + len(ids) >= seq_len:
-                raise UsageError(
-                    f"--prompt: {self.io.n_past + len(ids)} prompt tokens do not fit: --seq_len is "
-                    f"{seq_len} and the {EvalMode.from_number(self.eval_mode)} method takes at most "
-                    f"{self.max_prompt_len()} prompt tokens (context {self.context_len})")
-            self.io.switch_method(self.prefill_ar)
-            all_prompt += ids
-            if turn == 0:
-                stats.token_encode_end_ms = now_ms()
-            for t in ids:
-                out(t)
-            logits = self._prefill(ids)
-            if turn == 0:
-                stats.prompt_eval_end_ms = now_ms()
-            token = self._sample(logits, temperature, gen, stats)
-            self.io.switch_method(self.decode_ar)
-            while True:
-                generated.append(token)
-                out(token)
-                if turn == 0 and len(generated) == 1:
-                    stats.first_token_ms = now_ms()
-                if token in self.template.eos_ids or self.io.n_past + 1 >= seq_len:
-                    break
-                logits = self._step(self.decode, [token])
-                token = self._sample(logits, temperature, gen, stats)
-                if self.delay_s:
-                    time.sleep(self.delay_s)
-            if turn + 1 < len(prompts):
-                # The last token of a turn is not in the cache yet: the next turn starts with it.
-                self._step(self.decode, [token])
+        seq_len = self.clamp_seq_len(seq_len)
+        stats = self.stats
+        stats.inference_start_ms = now_ms()
+        start_pos = self.cur_pos
+        ids = tokens if tokens is not None else self.template.encode(prompt, bos=start_pos == 0)
+        if not ids:
+            raise UsageError("--prompt: Expected at least 1 prompt token")
+        if start_pos + len(ids) >= seq_len:
+            raise UsageError(f"--seq_len: sequence length exceeded - please increase the seq_len value "
+                             f"({start_pos} tokens before this prompt, {len(ids)} in it, --seq_len "
+                             f"{seq_len}, context {self.context_len})")
+        if start_pos + len(ids) > self.max_prompt_len():
+            raise UsageError(f"--prompt: The sequence length exceeds the maximum limit that the prompt "
+                             f"processor can handle ({start_pos} + {len(ids)} tokens; the "
+                             f"{EvalMode.from_number(self.eval_mode)} method takes at most "
+                             f"{self.max_prompt_len()}, context {self.context_len})")
+        text = bytearray(prompt.encode("utf-8", "surrogateescape"))
+        self.io.switch_method(self.prefill_ar)
+        token = self._sample(self._prefill(ids), temperature, gen, stats)
+        stats.first_token_ms = stats.prompt_eval_end_ms = now_ms()
+        generated = [token]
+        text += self.template.piece(token)
+        self.io.switch_method(self.decode_ar)
+        reached_eos = False
+        # token_generator.cpp: EOS is looked for only in what the loop samples, never in the token
+        # prefill produced; the loop's last token is written but not fed, so the next prompt starts
+        # where this one's last step ended.
+        while self.cur_pos < seq_len - 1:
+            token = self._sample(self._step(self.decode, [token]), temperature, gen, stats)
+            generated.append(token)
+            text += self.template.piece(token)
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            if token in self.template.eos_ids:
+                reached_eos = True
+                break
         stats.inference_end_ms = now_ms()
-        stats.prompt_tokens = len(all_prompt)
-        stats.generated_tokens = len(generated)
-        return Generation(prompt_ids=all_prompt, generated_ids=generated, text=bytes(text), stats=stats)
+        stats.prompt_tokens = len(ids)
+        stats.generated_tokens = self.cur_pos - start_pos - len(ids)
+        return Generation(prompt_ids=list(ids), generated_ids=generated, text=bytes(text),
+                          stats=replace(stats), reached_eos=reached_eos)
+
+    def complete(self, prompt: str, seq_len: int, temperature: float = 0.0, seed: int = 0,
+                 system_prompt: str = "") -> Generation:
+        """A fresh conversation of one prompt (position 0 again), for callers in this process that
+        reuse one loaded runner: upstream has one runner per process, so it never needs this."""
+        self.io.reset()
+        return self.generate(self.template.format(prompt, system_prompt), seq_len, temperature,
+                             torch.Generator().manual_seed(seed))
 
     def _prefill(self, ids: list[int]) -> np.ndarray:
         logits = None

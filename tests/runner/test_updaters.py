@@ -142,8 +142,8 @@ def test_next_token_depends_on_the_cached_context(tiny_weights):
 def test_temperature_sampling_is_seeded(runners):
     r = runners[("kv", "SmartMask")]
     prompt = prompt_of_length(r, 4)
-    a = r.generate([prompt], "", 40, 0.9, seed=1).generated_ids
-    b = r.generate([prompt], "", 40, 0.9, seed=1).generated_ids
-    c = r.generate([prompt], "", 40, 0.9, seed=2).generated_ids
+    a = r.complete(prompt, 40, 0.9, seed=1).generated_ids
+    b = r.complete(prompt, 40, 0.9, seed=1).generated_ids
+    c = r.complete(prompt, 40, 0.9, seed=2).generated_ids
     assert a == b
     assert a != c

@@ -38,5 +38,5 @@ def prompt_of_length(runner: LlamaRunner, n_tokens: int) -> str:
 
 
 def greedy(runner: LlamaRunner, prompt: str, seq_len: int) -> tuple[list[int], list[int]]:
-    gen = runner.generate([prompt], "", seq_len, 0.0, 0)
+    gen = runner.complete(prompt, seq_len)
     return gen.prompt_ids, gen.generated_ids
