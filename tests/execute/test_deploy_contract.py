@@ -164,7 +164,8 @@ def test_a_device_that_fills_up_mid_push_says_how_much_was_left_to_write(tmp_pat
     class FillsUp(FakeDevice):
         def push(self, src, remote, *, on_bytes=None, **kwargs):
             if RECORD_NAME not in remote:
-                on_bytes(CHUNK)  # one block written, then the disk is full
+                on_bytes(CHUNK)  # two blocks written, then the disk is full
+                on_bytes(CHUNK)
                 raise AdbError(f"device {self.serial}: No space left on device", serial=self.serial)
             return super().push(src, remote, on_bytes=on_bytes, **kwargs)
 
@@ -172,7 +173,7 @@ def test_a_device_that_fills_up_mid_push_says_how_much_was_left_to_write(tmp_pat
     with pytest.raises(AdbError) as info:
         deploy(device, bundle)
     assert str(info.value) == (f"device fake-1: storage full in {device.root}/full: deploy needs "
-                               f"{4 * CHUNK} bytes, {3 * CHUNK} of them not yet written when pushing "
+                               f"{4 * CHUNK} bytes, {2 * CHUNK} of them not yet written when pushing "
                                f"model.pte failed (device fake-1: No space left on device)")
     assert info.value.serial == "fake-1"
 
@@ -379,3 +380,16 @@ def test_a_failed_cleanup_is_logged_naming_the_device_and_files(tmp_path, caplog
     partial = f"{device.root}/cleanup/model.pte{PARTIAL_SUFFIX}"
     assert [r.getMessage() for r in caplog.records] == [
         f"device fake-1: could not remove {partial} (the next deploy will): device fake-1: offline"]
+
+
+def test_the_bundles_runner_is_made_executable_again_when_kept(tmp_path, qnn):
+    """A runner that lost its execute bit on the device (a manual chmod, a copy that dropped the
+    mode) is kept when its bytes are right, and made executable: the run would otherwise fail."""
+    device = FakeDevice(tmp_path / "device")
+    deploy(device, qnn)
+    runner = _ws(device, qnn) / "qnn_llama_runner"
+    assert os.access(runner, os.X_OK)
+    runner.chmod(0o644)
+    report = deploy(device, qnn, verify="full")
+    assert report.pushed == [] and os.access(runner, os.X_OK)
+    assert not os.access(_ws(device, qnn) / "kv.pte", os.X_OK)  # only the runner

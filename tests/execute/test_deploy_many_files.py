@@ -69,7 +69,8 @@ def _holds_exactly(device: FakeDevice, bundle: Bundle) -> None:
 
 # Names that need quoting, each of a kind a careless join would break (or run).
 AWKWARD = ["with space.so", "it's.so", "$(touch pwned).so", "back\\slash.so", "dir\\nname.so",
-           "semi;colon.so", "two  spaces.so", "star*.so", "dash-leading.so", "ünïcode.so", "&& rm -rf x.so"]
+           "semi;colon.so", "two  spaces.so", "star*.so", "dash-leading.so", "ünïcode.so",
+           "carriage\rreturn.so", "&& rm -rf x.so"]
 
 
 @pytest.fixture
