@@ -82,11 +82,12 @@ class RunnerCommand:
 
 # -- the dialect from the runner's own --help ------------------------------------------------------
 
-# One flag entry: gflags starts it with four spaces, ``    -name (help) type: ... default: ...``, and
-# indents wrapped lines by six; argparse with two, ``  --name VALUE, -name VALUE`` (or ``  -h, --help``),
-# its wrapped help by 24. So a flag named inside another flag's help text, even at the start of a
+# One flag entry: gflags starts it with four spaces, ``    -name (help) type: ... default: ...`` (the
+# gflags v1.0.1 links; releases after 2.2.2 print ``    --name (``), and indents wrapped lines by six
+# (farm-llama-runner prints the same layout: farm/runner/gflags_help.py); argparse with two,
+# ``  --name VALUE, -name VALUE`` (or ``  -h, --help``), its wrapped help by 24. So a flag named inside another flag's help text, even at the start of a
 # wrapped line, is never taken for a declared one.
-_FLAG_ENTRY = re.compile(r"^(?: {4}-([A-Za-z][A-Za-z0-9_]*) \(| {2}(?:-[A-Za-z], )?--([A-Za-z][A-Za-z0-9_]*)\b)",
+_FLAG_ENTRY = re.compile(r"^(?: {4}--?([A-Za-z][A-Za-z0-9_]*) \(| {2}(?:-[A-Za-z], )?--([A-Za-z][A-Za-z0-9_]*)\b)",
                          re.M)
 # The flag that tells each dialect apart, in the order they are tried (see detect_dialect).
 DIALECT_FLAGS: tuple[tuple[str, Dialect], ...] = (

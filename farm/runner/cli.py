@@ -10,7 +10,8 @@ piece; prints one compact `PyTorchObserver {json}` line and rewrites --performan
 per second, prefill included, written as `operator<<` writes a double); a newline goes to stdout when
 generation reaches an end token. Flags of ours: --token_ids_path (JSON with the prompt and generated
 token ids of the last iteration, so comparisons can be exact) and --seed.
-gflags spellings are accepted: `--flag value`, `--flag=value`, `-flag value`.
+gflags spellings are accepted: `--flag value`, `--flag=value`, `-flag value`; `--help` prints the flags
+in gflags' layout (farm/runner/gflags_help.py, what a phone's runner prints) and exits 1, as gflags does.
 Bad input: one line `farm-llama-runner: error: ...` on stderr and exit code 2.
 
 This module is the run in this process (farm.runner.main decides whether a zygote's fork runs it
@@ -21,54 +22,121 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from farm.errors import UsageError
+from farm.runner.gflags_help import FlagInfo, usage
 
 if TYPE_CHECKING:
     import argparse
 
 PROG = "farm-llama-runner"
+USAGE = ("a host stand-in for qnn_llama_runner v1.0.1 (ExecuTorch): the same flags, outputs.txt, "
+         "inference_speed.txt and stdout")
+FLAGS_FILE = "farm/runner/cli.py"  # where gflags would say these flags are defined
 
 
-def _flag(p: argparse.ArgumentParser, name: str, **kw) -> None:
-    p.add_argument(f"--{name}", f"-{name}", dest=name, **kw)
+class Flag(NamedTuple):
+    """One flag: its gflags description (type, default, help) and how argparse reads it."""
+
+    name: str
+    type: str  # gflags' type name: string, int32, double, bool
+    default: object
+    help: str
+    shown_default: object = None  # what --help prints as the default, when it differs
+
+    def info(self) -> FlagInfo:
+        shown = self.default if self.shown_default is None else self.shown_default
+        return FlagInfo(self.name, self.type, shown, self.help, FLAGS_FILE)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    # argparse (and farm.fileio below) are imported where used: a zygote client never parses, and
-    # its start-up is this module's imports.
+# qnn_llama_runner.cpp's DEFINE_* lines at v1.0.1 (defaults and help texts verbatim, QLR:26-84), then
+# the flags of ours. --prompt is read as upstream reads it (collect_prompts): its gflags default is
+# never run, by upstream or by us.
+FLAGS: tuple[Flag, ...] = (
+    Flag("decoder_model_version", "string", "llama2", "The decoder model to execute."),
+    Flag("model_path", "string", "kv_llama_qnn.pte", "Model serialized in flatbuffer format."),
+    Flag("output_path", "string", "outputs.txt", "Executorch inference data output path."),
+    Flag("performance_output_path", "string", "inference_speed.txt",
+         "Records inference speed. For CI purpose."),
+    Flag("dump_logits_path", "string", "",
+         "If path is provided, program will dump all logits generated. This option is for analysis "
+         "purpose. It is not recommended for general usage as it will cause token rate drop and "
+         "increase in memory usage."),
+    Flag("tokenizer_path", "string", "tokenizer.bin", "Tokenizer stuff."),
+    Flag("prompt", "string", None,
+         "User prompts for Llama. When multiple prompts are entered, a multi-turn conversation will "
+         "be initiated. Note that this feature is currently for testing purposes only.",
+         shown_default="The answer to the ultimate question is"),
+    Flag("tokenized_prompt", "string", "",
+         "This is an alternative of passing prompts. Users could provide this in a raw file, with "
+         "tokens saved in uint64 format."),
+    Flag("system_prompt", "string", "",
+         "Tells the model what kind of assistant it should be. For example, You are a helpful AI "
+         "assistant for travel tips and recommendations. Default is None"),
+    Flag("temperature", "double", 0.0,
+         "Temperature; Default is 0.0f. 0 = greedy argmax sampling (deterministic). Lower "
+         "temperature = more deterministic"),
+    Flag("seq_len", "int32", 128, "Total number of tokens to generate (prompt + output)."),
+    Flag("eval_mode", "int32", 1,
+         "0: TokenGenerator(kv) / 1: HybridMode (prefill+kv) / 2: Lookahead Decoding"),
+    Flag("kv_updater", "string", "SmartMask",
+         "How to update kv cache. Choose between SmartMask and ShiftPointer"),
+    Flag("num_iters", "int32", 1, "total num of iterations to run."),
+    Flag("ngram", "int32", 0,
+         "[Lookahead Decoding] Represents the size of the n-grams used in the lookahead process."),
+    Flag("window", "int32", 0,
+         "[Lookahead Decoding] Determines how many future tokens the algorithm attempts to predict "
+         "in each step."),
+    Flag("gcap", "int32", 0,
+         "[Lookahead Decoding] Represents the maximum number of speculations or candidate n-grams "
+         "that the algorithm considers in each step for verification. It balances the trade-off "
+         "between computation efficiency and exploring more possibilities."),
+    # Ours (ptefarm):
+    Flag("token_ids_path", "string", "",
+         "(ptefarm) Writes the prompt and generated token ids of the last iteration as JSON."),
+    Flag("seed", "int32", 0, "(ptefarm) Sampling seed for --temperature > 0 and lookahead guesses."),
+    Flag("help", "bool", False, "show help on all flags [tip: all flags can have two dashes]"),
+    Flag("helpfull", "bool", False, "show help on all flags -- same as -help"),
+)
+_PARSE = {"string": str, "int32": int, "double": float}
+
+
+def _add(p: argparse.ArgumentParser, flag: Flag, defaults: bool = True) -> None:
     import argparse
 
-    from farm.vocab import Updater
+    names = (f"--{flag.name}", f"-{flag.name}")
+    default = flag.default if defaults else argparse.SUPPRESS
+    if flag.type == "bool":
+        p.add_argument(*names, dest=flag.name, action="store_true", default=default)
+    elif flag.name == "prompt":
+        p.add_argument(*names, dest=flag.name, action="append", default=default)
+    else:
+        p.add_argument(*names, dest=flag.name, type=_PARSE[flag.type], default=default)
+
+
+def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
+    """The flags of FLAGS; ``defaults=False``: only the flags given appear in the namespace."""
+    # argparse is imported where used: a zygote client never parses, and its start-up is this
+    # module's imports.
+    import argparse
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str):  # one line, never a usage dump
             raise UsageError(message)
 
-    # The defaults are qnn_llama_runner.cpp's gflags defaults at v1.0.1.
-    p = Parser(prog=PROG, allow_abbrev=False, description=__doc__.split("\n")[0],
-               formatter_class=argparse.RawDescriptionHelpFormatter)
-    _flag(p, "model_path", default="kv_llama_qnn.pte", help="Model serialized in flatbuffer format.")
-    _flag(p, "tokenizer_path", default="tokenizer.bin", help="tiktoken tokenizer.model")
-    _flag(p, "decoder_model_version", default="llama2",
-          help="The decoder model to execute (chat template and end tokens).")
-    _flag(p, "prompt", action="append",
-          help="User prompts; repeat `--prompt TEXT` for a multi-turn conversation.")
-    _flag(p, "tokenized_prompt", default="",
-          help="Instead of prompts: a raw file of token ids saved as uint64.")
-    _flag(p, "system_prompt", default="")
-    _flag(p, "seq_len", type=int, default=128,
-          help="Total number of tokens to generate (prompt + output); clamped to the context length.")
-    _flag(p, "temperature", type=float, default=0.0, help="0 = greedy argmax sampling")
-    _flag(p, "eval_mode", type=int, default=1, help="0: kv / 1: hybrid (prefill+kv)")
-    _flag(p, "kv_updater", default=Updater.SMART_MASK.value, help=" | ".join(Updater))
-    _flag(p, "output_path", default="outputs.txt")
-    _flag(p, "performance_output_path", default="inference_speed.txt")
-    _flag(p, "num_iters", type=int, default=1)
-    _flag(p, "token_ids_path", default="", help="(ptefarm) write prompt/generated token ids as JSON")
-    _flag(p, "seed", type=int, default=0, help="(ptefarm) sampling seed for --temperature > 0")
+    p = Parser(prog=PROG, allow_abbrev=False, add_help=False)
+    for flag in FLAGS:
+        _add(p, flag, defaults)
     return p
+
+
+def help_text(argv: list[str]) -> str:
+    """--help as gflags prints it (farm/runner/gflags_help.py); the flags given show "currently"."""
+    given = vars(build_parser(defaults=False).parse_known_args(argv)[0])
+    if isinstance(given.get("prompt"), list):
+        given["prompt"] = given["prompt"][-1]  # gflags keeps the last value
+    return usage(PROG, [f.info() for f in FLAGS], given, USAGE)
 
 
 def collect_prompts(argv: list[str]) -> list[str]:
@@ -117,6 +185,11 @@ def _check_utf8(flag: str, text: str) -> None:
 
 def run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.help or args.helpfull:
+        sys.stdout.write(help_text(argv))
+        return 1  # gflags exits 1 after --help (gflags_reporting.cc HandleCommandLineHelpFlags)
+    if args.dump_logits_path:
+        raise UsageError("--dump_logits_path: not supported by this runner yet")
     prompts = collect_prompts(argv)
     for prompt in prompts:
         _check_utf8("prompt", prompt)

@@ -202,3 +202,12 @@ def test_a_bundle_runner_speaking_the_host_dialect_is_what_runs(device):
     report = json.loads(result.text)  # only the bundle's stand-in runner writes this report
     assert "--token_ids_path" in report["argv"] and report["prompts"] == ["hi"]
     assert Path(report["cwd"]).resolve() == Path(bundle_workspace(dev, bundle)).resolve()
+
+
+def test_gflags_newer_double_dash_entries_are_flags_too():
+    # gflags releases after 2.2.2 print "    --name (help)"; a runner built with one is still read.
+    text = runner_help.QNN_V1_0_1.replace("\n    -", "\n    --")
+    assert "kv_updater" in help_flags(text) and "shared_buffer" not in help_flags(text)
+    assert detect_dialect(text) is Dialect.QNN_V1_0
+    assert detect_dialect(runner_help.QNN_V1_1_0.replace("\n    -", "\n    --")) \
+        is Dialect.QNN_SHARED_BUFFER
