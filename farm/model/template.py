@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from farm.errors import UsageError
+from farm.model.tokenizer import Tokenizer
 
 
 def _llama2(prompt: str, system: str) -> str:
@@ -82,7 +83,7 @@ def format_prompt(prompt: str, system_prompt: str, version: str) -> str:
 class PromptTemplate:
     """Formats and encodes prompts per --decoder_model_version, and knows its end-of-sequence ids."""
 
-    def __init__(self, tokenizer, version: str):
+    def __init__(self, tokenizer: Tokenizer, version: str):
         check_version(version)
         self.tok = tokenizer
         self.version = version
@@ -94,7 +95,7 @@ class PromptTemplate:
 
     def encode(self, text: str, bos: bool) -> list[int]:
         """Token ids of ``text``, special tokens written in it included, as upstream's tokenizer."""
-        return self.tok.encode(text, bos=bos, eos=False, allowed_special="all")
+        return self.tok.encode(text, bos=bos)
 
     def format(self, prompt: str, system_prompt: str) -> str:
         return format_prompt(prompt, system_prompt, self.version)
@@ -103,5 +104,6 @@ class PromptTemplate:
         """The ids one prompt becomes: its formatted string, with the BOS on the first turn only."""
         return self.encode(self.format(prompt, system_prompt), bos=first)
 
-    def piece(self, token_id: int) -> bytes:
-        return self.tok.model.decode_single_token_bytes(token_id)
+    def piece(self, token_id: int, prev_id: int | None = None) -> bytes:
+        """What upstream's ``tokenizer->decode(prev, token)`` writes for one token."""
+        return self.tok.piece(token_id, prev_id)
