@@ -8,8 +8,10 @@ extension/llm/runner/stats.h at v1.0.1): each iteration runs each `--prompt` on 
 carries over; each prompt echoes its formatted string into --output_path, followed by every token's
 piece; prints one compact `PyTorchObserver {json}` line and rewrites --performance_output_path (tokens
 per second, prefill included, written as `operator<<` writes a double); a newline goes to stdout when
-generation reaches an end token. Flags of ours: --token_ids_path (JSON with the prompt and generated
-token ids of the last iteration, so comparisons can be exact) and --seed.
+generation reaches an end token. --dump_logits_path writes upstream's layout with the host model's
+float32 logits where a phone writes quantized uint16 (farm/runner/logits.py). Flags of ours:
+--token_ids_path (JSON with the prompt and generated token ids of the last iteration, so comparisons
+can be exact) and --seed.
 gflags spellings are accepted: `--flag value`, `--flag=value`, `-flag value`; `--help` prints the flags
 in gflags' layout (farm/runner/gflags_help.py, what a phone's runner prints) and exits 1, as gflags does.
 Bad input: one line `farm-llama-runner: error: ...` on stderr and exit code 2.
@@ -188,8 +190,11 @@ def run(argv: list[str]) -> int:
     if args.help or args.helpfull:
         sys.stdout.write(help_text(argv))
         return 1  # gflags exits 1 after --help (gflags_reporting.cc HandleCommandLineHelpFlags)
-    if args.dump_logits_path:
-        raise UsageError("--dump_logits_path: not supported by this runner yet")
+    given = vars(build_parser(defaults=False).parse_args(argv))
+    if "dump_logits_path" in given and args.eval_mode != 0:
+        # qnn_llama_runner.cpp:247-251: the flag given at all (even empty) needs eval_mode 0.
+        raise UsageError("--dump_logits_path: Only TokenGenerator(kv) mode is supported to dump all "
+                         f"logits (--eval_mode 0, not {args.eval_mode}).")
     prompts = collect_prompts(argv)
     for prompt in prompts:
         _check_utf8("prompt", prompt)
@@ -204,7 +209,7 @@ def run(argv: list[str]) -> int:
 
     io_cls = updater_class(args.kv_updater)
     runner = LlamaRunner(args.model_path, args.tokenizer_path, args.eval_mode, io_cls,
-                         args.decoder_model_version)
+                         args.decoder_model_version, dump_logits=bool(args.dump_logits_path))
     gen = torch.Generator().manual_seed(args.seed)
     text = bytearray()
     last_iteration = []
@@ -224,6 +229,8 @@ def run(argv: list[str]) -> int:
             print(gen_.stats.observer_line(), flush=True)
             _write_atomic(args.performance_output_path,
                           cpp_double(gen_.stats.tokens_per_second()).encode(), "performance_output_path")
+            if args.dump_logits_path:  # runner.cpp:456-460: rewritten after every prompt
+                _write_atomic(args.dump_logits_path, runner.logits_dump(), "dump_logits_path")
     _write_atomic(args.output_path, bytes(text), "output_path")
     if args.token_ids_path and last_iteration:
         ids = {"prompt_ids": [t for g in last_iteration for t in g.prompt_ids],

@@ -97,7 +97,8 @@ class LlamaRunner:
     over from one generate call to the next, across turns and iterations alike."""
 
     def __init__(self, model_path: str, tokenizer_path: str, eval_mode: int,
-                 io_mgr_cls: type[IoMgr], decoder_model_version: str = "llama3"):
+                 io_mgr_cls: type[IoMgr], decoder_model_version: str = "llama3",
+                 dump_logits: bool = False):
         from farm.model.tokenizer import load_tokenizer
 
         if eval_mode not in METHODS:
@@ -124,6 +125,10 @@ class LlamaRunner:
         self.eval_mode = eval_mode
         self.io = io_mgr_cls(self.shape, [self.prefill_ar, self.decode_ar])
         self.delay_s = _runner_delay_s()
+        # --dump_logits_path: every step's whole logits output, kept for the runner's life as
+        # upstream keeps them (farm/runner/logits.py has the layout); None when not dumping.
+        self.prefill_logits: list[np.ndarray] | None = [] if dump_logits else None
+        self.decode_logits: list[np.ndarray] | None = [] if dump_logits else None
         self.stats.model_load_end_ms = now_ms()
 
     def _read_shape(self, model_path: str) -> tuple[KVShape, int]:
@@ -195,7 +200,8 @@ class LlamaRunner:
         # prefill produced; the loop's last token is written but not fed, so the next prompt starts
         # where this one's last step ended.
         while self.cur_pos < seq_len - 1:
-            token = self._sample(self._step(self.decode, [token]), temperature, gen, stats)
+            token = self._sample(self._step(self.decode, [token], self.decode_logits), temperature,
+                                 gen, stats)
             generated.append(token)
             text += self.template.piece(token)
             if self.delay_s:
@@ -220,16 +226,25 @@ class LlamaRunner:
     def _prefill(self, ids: list[int]) -> np.ndarray:
         logits = None
         for start in range(0, len(ids), self.prefill_ar):
-            logits = self._step(self.prefill, ids[start : start + self.prefill_ar])
+            logits = self._step(self.prefill, ids[start : start + self.prefill_ar], self.prefill_logits)
         return logits
 
-    def _step(self, method, tokens: list[int]) -> np.ndarray:
-        """Run one step; returns the logits of the step's last valid token."""
+    def logits_dump(self) -> bytes:
+        """What --dump_logits_path holds after this call: all prefill rows, then all decode rows."""
+        from farm.runner.logits import dump_bytes
+
+        return dump_bytes(self.prefill_logits or [], self.decode_logits or [])
+
+    def _step(self, method, tokens: list[int], keep: list[np.ndarray] | None = None) -> np.ndarray:
+        """Run one step; returns the logits of the step's last valid token. ``keep``: a list to
+        append the step's whole logits output to ([ar_len, vocab], padding rows included)."""
         try:
             inputs = self.io.inputs(tokens, self.io.n_past)
         except ContextFull as e:
             raise UsageError(f"--seq_len: context exhausted: {e}") from None
         outputs = method.execute(inputs)
+        if keep is not None:
+            keep.append(outputs[0].numpy()[0].copy())
         self.io.update(outputs, len(tokens))
         # A numpy view of the row: indexing and argmax cost ~1 us there, ~4 us through torch's
         # dispatcher, on every decoded token (bench/bench_runner_tokens.py).
