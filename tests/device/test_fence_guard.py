@@ -37,15 +37,20 @@ class _Lease:
 
 
 class _Recording(FakeDevice):
-    """A FakeDevice that also records how each command was asked for (timeout, check)."""
+    """A FakeDevice that also records how each command and read was asked for (timeout, check)."""
 
     def __init__(self, root: Path):
         super().__init__(root)
         self.calls: list[tuple[str, float, bool]] = []
+        self.read_timeouts: list[float] = []
 
     def shell(self, command: str, *, timeout: float, check: bool = False):
         self.calls.append((command, timeout, check))
         return super().shell(command, timeout=timeout, check=check)
+
+    def read_file(self, remote: str, *, timeout: float = 60.0) -> bytes:
+        self.read_timeouts.append(timeout)
+        return super().read_file(remote, timeout=timeout)
 
 
 @pytest.fixture
@@ -216,5 +221,6 @@ def test_pushes_and_reads_go_to_the_device_while_the_lease_holds(device):
     assert fenced.push(io.BytesIO(b"payload"), remote, mode=0o600) == 7
     assert (Path(remote).read_bytes(), Path(remote).stat().st_mode & 0o777) == (b"payload", 0o600)
     assert fenced.read_file(remote, timeout=3.0) == b"payload"
+    assert device.read_timeouts == [3.0]  # the caller's timeout, not the device's default
     assert fenced.lease.checks == 3  # claim, push, read
     assert (fenced.serial, fenced.soc, fenced.workspace) == ("fake-1", "SM8650", device.workspace)
