@@ -146,6 +146,8 @@ FIELD_ERRORS = {
                          "M: files[0]: field 'sha256' is not a lowercase hex sha256"),
     "file-sha256-upper": (_file(KV, sha256="AB" * 32),
                           "M: files[0]: field 'sha256' is not a lowercase hex sha256"),
+    "file-sha256-placeholder": (_file(KV, sha256="X" * 64),
+                                "M: files[0]: field 'sha256' is not a lowercase hex sha256"),
     "file-sha256-not-hex": (_file(KV, sha256="g" + "a" * 63),
                             "M: files[0]: field 'sha256' is not a lowercase hex sha256"),
     "file-role-unknown": (_file(KV, role="model"),
