@@ -33,7 +33,9 @@ def lab(pool: Pool) -> Pool:
     (LeaseRequest(socs=("SM8560",)),
      "unknown SoC 'SM8560' (did you mean SM8850 or SM8750 or SM8650?)"),
     (LeaseRequest(socs=("QCS404X",)), "unknown SoC 'QCS404X'"),
-    (LeaseRequest(socs=("SM8750",)), "no device of SoC SM8750"),
+    (LeaseRequest(socs=("SM8750", "SM8850")), "no device of SoC SM8750|SM8850"),
+    (LeaseRequest(socs=("SM8750",), tags=("nope",)), "no device of SoC SM8750; unknown tag(s) nope"),
+    (LeaseRequest(min_htp_arch=75, tags=("nope",)), "unknown tag(s) nope"),  # v75 exists: not a reason
     (LeaseRequest(tags=("nope", "fast", "gone")), "unknown tag(s) gone, nope"),
     (LeaseRequest(min_htp_arch=79), "HTP >= v79 is above every device (highest: v75)"),
     (LeaseRequest(serial="zz"), "no device zz"),
@@ -50,13 +52,28 @@ def test_a_request_no_device_could_ever_serve_is_refused_with_why_and_the_invent
 
 def test_a_refusal_counts_offline_devices_of_unknown_soc_and_names_the_missing_kind(pool):
     pool.sync([fake_device("p0", "SM8650", "v75", virtual=False),
-               fake_device("p1", None, None, virtual=False, server="127.0.0.1:15038")])
-    pool.sync([fake_device("p0", "SM8650", "v75", virtual=False)], ["127.0.0.1:15038"])  # p1 went
+               fake_device("p1", None, None, virtual=False, server="127.0.0.1:15038"),
+               fake_device("p2", None, None, virtual=False)])
+    pool.sync([fake_device("p0", "SM8650", "v75", virtual=False), fake_device("p2", None, None, virtual=False)],
+              ["127.0.0.1:15037", "127.0.0.1:15038"])  # p1 went
     with pytest.raises(UsageError) as refused:
         pool.acquire(LeaseRequest(virtual=True), ttl_s=30, timeout_s=5)
     assert str(refused.value) == (
         "no device in the pool could ever serve [virtual (priority 0)]: no virtual device. The pool has "
-        "2 device(s): SoC SM8650 (1), unknown (1); HTP v75; tags none; 0 virtual, 2 physical; 1 offline")
+        "3 device(s): SoC SM8650 (1), unknown (2); HTP v75; tags none; 0 virtual, 3 physical; 1 offline")
+
+
+def test_a_request_for_a_physical_device_in_a_virtual_pool_is_refused(pool):
+    pool.sync([fake_device("v0", "SM8650", "v75")])
+    with pytest.raises(UsageError, match=r"\]: no physical device\. The pool has "):
+        pool.acquire(LeaseRequest(virtual=False), ttl_s=30, timeout_s=5)
+
+
+def test_an_empty_pool_is_waited_on_and_its_timeout_says_it_is_empty(pool):
+    with pytest.raises(LeaseTimeout) as timeout:
+        pool.acquire(LeaseRequest(socs=("SM8650",)), ttl_s=30, timeout_s=0)
+    assert str(timeout.value) == ("no device for request [SoC SM8650 (priority 0)] within 0s: "
+                                  "no device in the pool matches; the pool has 0: none")
 
 
 def test_a_timeout_names_each_matching_device_its_state_and_holder(lab):
@@ -71,13 +88,14 @@ def test_a_timeout_names_each_matching_device_its_state_and_holder(lab):
     held.release()
 
 
-def test_a_timeout_when_no_device_matches_lists_the_pool(pool):
-    pool.sync([fake_device(f"d{i:02}") for i in range(14)])
+@pytest.mark.parametrize(("count", "more"), [(12, ""), (14, " and 2 more")])
+def test_a_timeout_when_no_device_matches_lists_the_pool(pool, count, more):
+    pool.sync([fake_device(f"d{i:02}") for i in range(count)])
     with pytest.raises(LeaseTimeout) as timeout:  # could match some day: waits, then times out
-        pool.acquire(LeaseRequest(exclude=tuple(f"d{i:02}" for i in range(14))), ttl_s=30, timeout_s=0)
+        pool.acquire(LeaseRequest(exclude=tuple(f"d{i:02}" for i in range(count))), ttl_s=30, timeout_s=0)
     listed = "; ".join(f"d{i:02} (SM8650, HTP v75, virtual) on 127.0.0.1:15037" for i in range(12))
     assert str(timeout.value).endswith(
-        f"within 0s: no device in the pool matches; the pool has 14: {listed} and 2 more")
+        f"within 0s: no device in the pool matches; the pool has {count}: {listed}{more}")
 
 
 def test_a_timeout_counts_the_waiters_ahead(lab):
