@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from farm.errors import UsageError
+from farm.model.template import format_prompt
 from farm.results.checks import golden_ids_mismatch, golden_text_mismatch
 from ptefarm_suites.cases import golden_for
 
@@ -31,9 +32,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                                                 else []) for p in points])
 
 
-def generated_text(text: str | None) -> str:
-    """outputs.txt echoes the chat prompt; the generation follows the last assistant header."""
+def generated_text(text: str | None, prompt: str | None = None, version: str | None = None) -> str:
+    """outputs.txt echoes the prompt as the bundle's family formats it (qnn_llama_runner.cpp
+    get_formatted_prompt); the generation follows it. Without the prompt: what follows the last llama3
+    assistant header."""
     text = text or ""
+    if prompt is not None and version is not None:
+        echo = format_prompt(prompt, "", version)
+        if text.startswith(echo):
+            return text[len(echo):]
     return text.rpartition(ASSISTANT_HEADER)[2] if ASSISTANT_HEADER in text else text
 
 
@@ -51,7 +58,8 @@ def test_updaters_agree(llm, point):
     llm.record("first_divergence", "-" if comparison.agree else
                "empty output" if divergence is None else f"{unit} {divergence}")
     if not comparison.agree:
-        tails = "\n".join(f"  {u}: {generated_text(r.text)[:200]!r}"
+        version = llm.bundle.decoder_model_version
+        tails = "\n".join(f"  {u}: {generated_text(r.text, prompt, version)[:200]!r}"
                           for u, r in comparison.results.items())
         pytest.fail(f"{comparison.explain()}\ncontinuations:\n{tails}", pytrace=False)
 
@@ -59,13 +67,14 @@ def test_updaters_agree(llm, point):
 @pytest.mark.release
 def test_matches_golden(llm, point, goldens):
     golden = golden_for(goldens, point.case.name, point.mode)
-    result = llm.generate(point.prompt(llm.bundle), updater=llm.updaters[0], mode=point.mode,
-                          seq_len=point.seq_len)
+    prompt = point.prompt(llm.bundle)
+    result = llm.generate(prompt, updater=llm.updaters[0], mode=point.mode, seq_len=point.seq_len)
     if golden.token_ids is not None:
         if result.generated_ids is None:
             raise UsageError(f"golden for {point.case.name!r} gives token ids, but runner dialect "
                              f"{llm.bundle.runner_dialect!r} writes none: give a text_prefix")
         problem = golden_ids_mismatch(result.generated_ids, golden.token_ids)
     else:
-        problem = golden_text_mismatch(generated_text(result.text), golden.text_prefix or "")
+        text = generated_text(result.text, prompt, llm.bundle.decoder_model_version)
+        problem = golden_text_mismatch(text, golden.text_prefix or "")
     assert problem is None, problem

@@ -1,4 +1,7 @@
-"""`farm export`: the reference bundle (kv and hybrid .pte, tokenizer, manifest), cached by content.
+"""`farm export`: a reference bundle (kv and hybrid .pte, tokenizer, manifest), cached by content.
+
+A config names its family (farm/model/config.py): tiny is llama3 with a tiktoken tokenizer.model,
+tiny-qwen2_5 is qwen2_5 with an HF tokenizer.json.
 
 The cache key is a digest of the model config, the tokenizer's training input and this exporter's
 version (plus torch/executorch versions): the same config exports once per machine, and a change to any
@@ -23,13 +26,23 @@ from farm.bundle.manifest import Bundle, Mode, describe_file
 from farm.config import farm_home
 from farm.errors import UsageError
 from farm.model.config import CONFIGS, LlamaConfig
-from farm.model.tokenizer import CORPUS, N_MERGES, train_ranks, write_tiktoken_model
+from farm.model.tokenizer import (
+    CORPUS,
+    N_MERGES,
+    QWEN2_PAT_STR,
+    QWEN2_SPECIALS,
+    train_ranks,
+    write_hf_tokenizer,
+    write_tiktoken_model,
+)
 
 # Bump when the exported programs or the bundle layout change in a way the cache must not hide.
 EXPORTER_VERSION = "1"
 KV_PTE = "kv_llama_xnnpack.pte"
 HYBRID_PTE = "hybrid_llama_xnnpack.pte"
 TOKENIZER = "tokenizer.model"
+# The tokenizer's file name per format, as upstream's exports name it.
+TOKENIZER_FILES = {"tiktoken": TOKENIZER, "hf": "tokenizer.json"}
 MANIFEST = "manifest.json"
 
 
@@ -41,8 +54,17 @@ def resolve_config(name: str) -> LlamaConfig:
 
 def cache_key(cfg: LlamaConfig) -> str:
     # Versions from the installed distributions: importing torch would cost seconds on a cache hit.
-    material = json.dumps({"config": cfg.to_dict(), "exporter": EXPORTER_VERSION,
-                           "tokenizer": [CORPUS, N_MERGES], "torch": _dist_version("torch"),
+    config = cfg.to_dict()
+    tokenizer: list = [CORPUS, N_MERGES]
+    if cfg.tokenizer_format == "hf":
+        # HF's trainer learns the merges; the split pattern and the specials are the file's too.
+        tokenizer += [_dist_version("tokenizers"), QWEN2_PAT_STR, list(QWEN2_SPECIALS)]
+    # A llama3/tiktoken config's key is what it was before configs had a family: its cache stays.
+    for key, default in (("decoder_model_version", "llama3"), ("tokenizer_format", "tiktoken")):
+        if config[key] == default:
+            del config[key]
+    material = json.dumps({"config": config, "exporter": EXPORTER_VERSION,
+                           "tokenizer": tokenizer, "torch": _dist_version("torch"),
                            "executorch": _dist_version("executorch")}, sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 
@@ -120,12 +142,17 @@ def _export_quietly(cfg: LlamaConfig, out: Path, step: Callable[[int], None]) ->
     import torch
 
     step(1)
-    ranks = train_ranks()
-    write_tiktoken_model(out / TOKENIZER, ranks)
+    tokenizer = TOKENIZER_FILES[cfg.tokenizer_format]
+    if cfg.tokenizer_format == "hf":
+        n_base = write_hf_tokenizer(out / tokenizer)
+    else:
+        ranks = train_ranks()
+        write_tiktoken_model(out / tokenizer, ranks)
+        n_base = len(ranks)
     from farm.model.tokenizer import load_tokenizer
 
-    n_words = load_tokenizer(out / TOKENIZER).n_words
-    cfg = replace(cfg, vocab_size=n_words, n_base_tokens=len(ranks))
+    n_words = load_tokenizer(out / tokenizer).n_words
+    cfg = replace(cfg, vocab_size=n_words, n_base_tokens=n_base)
 
     from farm.model.llama import LlamaWeights, StaticLlama
 
@@ -141,15 +168,15 @@ def _export_quietly(cfg: LlamaConfig, out: Path, step: Callable[[int], None]) ->
 
     files = [describe_file(out, out / KV_PTE, role="pte"),
              describe_file(out, out / HYBRID_PTE, role="pte"),
-             describe_file(out, out / TOKENIZER, role="tokenizer")]
+             describe_file(out, out / tokenizer, role="tokenizer")]
     bundle = Bundle(
         name=f"reference-{cfg.name}",
         runner_dialect="host",
-        tokenizer=TOKENIZER,
+        tokenizer=tokenizer,
         files=files,
         modes={"kv": Mode(pte=KV_PTE, eval_mode=0, ar_len=1),
                "hybrid": Mode(pte=HYBRID_PTE, eval_mode=1, ar_len=cfg.prefill_ar_len)},
-        decoder_model_version="llama3",
+        decoder_model_version=cfg.decoder_model_version,
         model=cfg.to_dict() | {"head_dim": cfg.head_dim, "exporter_version": EXPORTER_VERSION},
     )
     bundle.write(out / MANIFEST)

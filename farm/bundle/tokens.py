@@ -49,13 +49,22 @@ def _tokenizer_key(bundle: Bundle) -> tuple[str, str]:
 
 
 def _template(bundle: Bundle):
+    """The bundle's tokenizer (any format the runner reads) and chat template; a UsageError naming the
+    bundle and the tokenizer file when it cannot be read or the version is unknown."""
     from farm.model.template import PromptTemplate
     from farm.model.tokenizer import load_tokenizer
 
     key = _tokenizer_key(bundle)
     if key not in _templates:
         tok_file, version = key
-        _templates[key] = PromptTemplate(load_tokenizer(tok_file), version)
+        what = f"bundle {bundle.name!r}: tokenizer"
+        try:
+            _templates[key] = PromptTemplate(load_tokenizer(tok_file, what=what), version)
+        except UsageError as e:
+            if str(e).startswith(what):
+                raise
+            reason = str(e).removeprefix("--decoder_model_version: ")
+            raise UsageError(f"bundle {bundle.name!r}: decoder_model_version: {reason}") from None
     return _templates[key]
 
 

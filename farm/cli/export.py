@@ -22,7 +22,8 @@ DEFAULT_MODEL = "tiny"
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="bundle cache directory [default: $PTEFARM_HOME/exports]")
 def export(model_name: str | None, deprecated_config: str | None, out_dir: str | None) -> None:
-    """Export the reference llama bundle: kv and hybrid .pte (XNNPACK), tokenizer, manifest.
+    """Export a reference llama bundle: kv and hybrid .pte (XNNPACK), tokenizer, manifest. tiny is
+    llama3 with a tiktoken tokenizer.model; tiny-qwen2_5 is qwen2_5 with an HF tokenizer.json.
 
     Cached by content: exporting the same model again is instant. The last line printed is the
     manifest's path, for scripts: MANIFEST=$(farm export --model tiny | tail -n1).

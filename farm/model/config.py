@@ -20,6 +20,10 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     seed: int = 0
+    # The family the bundle is of: qnn_llama_runner's --decoder_model_version (chat template and end
+    # tokens, farm/model/template.py) and the tokenizer's format (farm/model/tokenizer.py FORMATS).
+    decoder_model_version: str = "llama3"
+    tokenizer_format: str = "tiktoken"
 
     @property
     def head_dim(self) -> int:
@@ -35,13 +39,23 @@ class LlamaConfig:
             raise ValueError(f"config {self.name}: head_dim must be even for RoPE")
         if not 1 < self.prefill_ar_len < self.max_seq_len:
             raise ValueError(f"config {self.name}: prefill_ar_len must be in (1, max_seq_len)")
+        if self.tokenizer_format not in ("tiktoken", "hf"):
+            raise ValueError(f"config {self.name}: tokenizer_format must be tiktoken or hf (the formats "
+                             "the exporter writes)")
 
 
 # Named configs. `tiny` keeps the test suite short; `small` has the context of the upstream SM8650
-# measurement (kv length 4096, prefill 128) for benchmarks.
+# measurement (kv length 4096, prefill 128) for benchmarks. `tiny-qwen2_5` is the second family the main
+# job qualifies: the qwen2_5 decoder model version with an HF tokenizer.json, the format of six of
+# v1.0.1's eight families (qwen2_5, qwen3, smollm2, smollm3, phi_4_mini, gemma3) and of the qwen2_5-0_5b
+# bundle whose thresholds the farm ships; a shorter prefill chunk (8) than tiny's puts chunk edges
+# elsewhere.
 CONFIGS: dict[str, LlamaConfig] = {
     "tiny": LlamaConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128,
                         max_seq_len=128, prefill_ar_len=16, seed=1234),
+    "tiny-qwen2_5": LlamaConfig(name="tiny-qwen2_5", dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                                hidden_dim=128, max_seq_len=128, prefill_ar_len=8, seed=2525,
+                                decoder_model_version="qwen2_5", tokenizer_format="hf"),
     "small": LlamaConfig(name="small", dim=256, n_layers=4, n_heads=8, n_kv_heads=2, hidden_dim=512,
                          max_seq_len=4096, prefill_ar_len=128, seed=4321),
 }

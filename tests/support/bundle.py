@@ -29,3 +29,17 @@ def tiny_bundle() -> Path:
 @pytest.fixture(scope="session")
 def tiny_weights(tiny_bundle):
     return weights_for(tiny_bundle)
+
+
+@pytest.fixture(scope="session")
+def qwen_bundle() -> Path:
+    """Manifest path of the `tiny-qwen2_5` reference bundle (qwen2_5, HF tokenizer.json): the second
+    family the main job qualifies."""
+    from farm.bundle.export import export_bundle
+
+    return export_bundle("tiny-qwen2_5")
+
+
+@pytest.fixture(scope="session")
+def qwen_weights(qwen_bundle):
+    return weights_for(qwen_bundle)
