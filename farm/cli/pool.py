@@ -197,6 +197,16 @@ def lease_env(token: str, serial: str, server: str) -> dict[str, str]:
             "ANDROID_ADB_SERVER_HOST": host, "ANDROID_ADB_SERVER_PORT": port}
 
 
+def with_farm_adb(path: str) -> str:
+    """``path`` with the farm's bundled adb first: upstream's scripts (SimpleADB) run plain ``adb``,
+    which must be a client that speaks to the farm's server (reached through the exported
+    ADB_SERVER_SOCKET / ANDROID_ADB_SERVER_PORT: SimpleADB takes no port)."""
+    from farm.device.adb_server import adb_binary
+
+    bindir = os.path.dirname(adb_binary())
+    return os.pathsep.join([bindir, *(p for p in path.split(os.pathsep) if p and p != bindir)])
+
+
 def _leased_line(lease: Lease) -> str:
     dev = lease.device
     what = ", ".join(x for x in (dev.soc, dev.htp_arch, "virtual" if dev.virtual else "") if x)
@@ -266,6 +276,7 @@ class _Exec:
     def run(self) -> int:
         lease = self.lease
         env = {**os.environ, **lease_env(lease.token, lease.serial, lease.server)}
+        env["PATH"] = with_farm_adb(env.get("PATH", ""))
         try:
             # A process group of its own: a signal reaches the command's whole tree (sh -c '...').
             self.child = subprocess.Popen(self.command, env=env, process_group=0)
@@ -387,8 +398,9 @@ def exec_(command: tuple[str, ...], socs: tuple[str, ...], min_htp: str | None,
         farm pool exec --soc SM8650 -- farm run "$M" --prompt Hello
 
     Waits for the device like 'farm pool lease'. COMMAND gets ANDROID_SERIAL, ADB_SERVER_SOCKET,
-    ANDROID_ADB_SERVER_HOST/PORT (the device's adb server) and PTEFARM_LEASE (the token, which
-    'farm deploy' and 'farm run' need). A heartbeat renews the lease while COMMAND runs, so --ttl
+    ANDROID_ADB_SERVER_HOST/PORT (the device's adb server), PTEFARM_LEASE (the token, which
+    'farm deploy' and 'farm run' need) and the farm's adb first on PATH (for scripts that run
+    'adb', such as upstream's SimpleADB). A heartbeat renews the lease while COMMAND runs, so --ttl
     bounds how long a crashed holder keeps the device, not how long COMMAND may take. SIGINT and
     SIGTERM are forwarded to COMMAND (its process group; SIGKILL after 10 s) and the lease is
     released. COMMAND killed by signal N: 128+N. If the lease is lost, COMMAND is stopped: exit 3.

@@ -289,3 +289,28 @@ def test_a_holder_whose_clock_steps_back_is_told_its_lease_ended(stepped_exec, s
         assert result["code"] == 3, result
         assert "lost" in result["stderr"] and stopped.read_text().strip() == "stopped"
         p.release(other.token)
+
+
+def test_exec_puts_the_farms_adb_first_on_path(seeded, env, tmp_path):
+    """Upstream's scripts (SimpleADB) run plain ``adb``: under ``farm pool exec`` that is the farm's
+    bundled adb, ahead of any other on PATH, and it reaches the leased device's server through the
+    exported ANDROID_ADB_SERVER_PORT / ADB_SERVER_SOCKET (SimpleADB takes no port)."""
+    import adbutils
+
+    # An adb on PATH that is no working adb (adbutils, hence the farm, passes it over): the command
+    # must still meet the farm's own, not this one.
+    decoy = tmp_path / "decoy-bin"
+    decoy.mkdir()
+    (decoy / "adb").write_text("#!/bin/sh\necho decoy adb; exit 1\n")
+    (decoy / "adb").chmod(0o755)
+    env = {**env, "PATH": f"{decoy}{os.pathsep}{env.get('PATH', '')}"}
+    ran = farm(env, "pool", "exec", "--url", seeded, "--", "sh", "-c",
+               'command -v adb; echo "$PATH"')
+    assert ran.returncode == 0, ran.stderr
+    found, path = ran.stdout.splitlines()
+    assert Path(found).resolve() == Path(adbutils.adb_path()).resolve()
+    assert path.split(os.pathsep)[0] == str(Path(adbutils.adb_path()).parent)
+    assert str(decoy) in path.split(os.pathsep)  # the rest of PATH is kept, after it
+    # The command name itself is looked up on that PATH too.
+    version = farm(env, "pool", "exec", "--url", seeded, "--", "adb", "version")
+    assert version.returncode == 0 and "Android Debug Bridge" in version.stdout, version.stderr
