@@ -1,11 +1,23 @@
-"""Manifests for real QNN artifacts: the file set upstream's SimpleADB pushes, described once.
+"""Manifests for real QNN artifacts: the file set upstream's SimpleADB pushes, found by upstream's names.
 
-Upstream pushes, flat into the workspace: the .pte files; from the QNN SDK
-`lib/aarch64-android/libQnnHtp.so`, `libQnnHtpV{arch}Stub.so`, `libQnnHtpPrepare.so`, `libQnnSystem.so`
-(and `libQnnModelDlc.so` in newer SDKs) and `lib/hexagon-v{arch}/unsigned/libQnnHtpV{arch}Skel.so`; the
-runner and `libqnn_executorch_backend.so` from the Android build; the tokenizer. Here the Stub and Skel
-are marked with their HTP arch, so one manifest serves a farm of mixed SoCs and each device receives
-only its own.
+What ExecuTorch v1.0.1 leaves where (examples/qualcomm/oss_scripts/llama/llama.py and
+examples/qualcomm/utils.py, SimpleADB.push):
+
+- the artifact folder (llama.py ``--artifact``, default ``./llama_qnn``): ``kv_llama_qnn.pte``,
+  ``hybrid_llama_qnn.pte`` or ``lookahead_llama_qnn.pte`` (``stories260k_`` in front for that model),
+  and for the Hugging Face models the tokenizer ``save_pretrained`` wrote there, ``tokenizer.json``
+  (llama3_2 and stories take theirs from ``--tokenizer_model`` / ``--tokenizer_bin``, elsewhere);
+- the Android build folder (``--build_folder``, e.g. ``build-android``):
+  ``examples/qualcomm/oss_scripts/llama/qnn_llama_runner`` and
+  ``backends/qualcomm/libqnn_executorch_backend.so``;
+- ``$QNN_SDK_ROOT``: ``lib/aarch64-android/libQnnHtp.so``, ``libQnnHtpV{arch}Stub.so``,
+  ``libQnnHtpPrepare.so``, ``libQnnSystem.so`` (and ``libQnnModelDlc.so`` in newer SDKs) and
+  ``lib/hexagon-v{arch}/unsigned/libQnnHtpV{arch}Skel.so``.
+
+SimpleADB pushes all of them flat into the workspace, so each folder may also be flat: the build's two
+files, or the SDK's libraries, side by side under their own names (a folder copied off a device, or one
+a build script filled). Here the Stub and Skel are marked with their HTP arch, so one manifest serves a
+farm of mixed SoCs and each device receives only its own.
 """
 
 from __future__ import annotations
@@ -20,6 +32,17 @@ from farm.vocab import Dialect, EvalMode
 COMMON_SDK_LIBS = ("libQnnHtp.so", "libQnnHtpPrepare.so", "libQnnSystem.so")
 OPTIONAL_SDK_LIBS = ("libQnnModelDlc.so",)
 EVAL_MODES: dict[str, int] = {m.value: m.number for m in EvalMode}
+
+# Upstream's names (v1.0.1): llama.py's pte_filename per --model_mode, SimpleADB's build paths.
+PTE_NAMES: dict[str, str] = {EvalMode.KV: "kv_llama_qnn.pte", EvalMode.HYBRID: "hybrid_llama_qnn.pte",
+                             EvalMode.LOOKAHEAD: "lookahead_llama_qnn.pte"}
+RUNNER_NAME = "qnn_llama_runner"
+RUNNER_IN_BUILD = "examples/qualcomm/oss_scripts/llama/" + RUNNER_NAME
+BACKEND_LIB_NAME = "libqnn_executorch_backend.so"
+BACKEND_IN_BUILD = "backends/qualcomm/" + BACKEND_LIB_NAME
+# The tokenizer files qnn_llama_runner v1.0.1 loads, as llama.py names them: HF save_pretrained's
+# tokenizer.json, llama3_2's tiktoken tokenizer.model, stories' llama2c tokenizer.bin.
+TOKENIZER_NAMES = ("tokenizer.json", "tokenizer.model", "tokenizer.bin")
 
 
 @dataclass
@@ -37,6 +60,51 @@ class QnnArtifacts:
     extra: list[Path] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class QnnSdk:
+    """Where the QNN libraries are: an SDK root (``lib/aarch64-android``, ``lib/hexagon-vNN/unsigned``)
+    or a flat folder holding them by name."""
+
+    root: Path
+    flat: bool
+
+    @classmethod
+    def at(cls, root: Path) -> QnnSdk:
+        if (root / "lib" / "aarch64-android").is_dir():
+            return cls(root, flat=False)
+        if (root / "libQnnHtp.so").is_file():
+            return cls(root, flat=True)
+        raise UsageError(f"--qnn-sdk: {root} is neither a QNN SDK root (no lib/aarch64-android) nor a "
+                         f"folder of its libraries (no libQnnHtp.so)")
+
+    def android(self, name: str) -> Path:
+        return self.root / name if self.flat else self.root / "lib" / "aarch64-android" / name
+
+    def stub(self, n: str) -> Path:
+        return self.android(f"libQnnHtpV{n}Stub.so")
+
+    def skel(self, n: str) -> Path:
+        name = f"libQnnHtpV{n}Skel.so"
+        return self.root / name if self.flat else self.root / "lib" / f"hexagon-v{n}" / "unsigned" / name
+
+    def needed(self, archs: list[str]) -> list[tuple[Path, str | None]]:
+        """(path, htp_arch) of every library a manifest needs: the common ones, each arch's Stub and
+        Skel, and the optional ones this SDK has."""
+        libs: list[tuple[Path, str | None]] = [(self.android(lib), None) for lib in COMMON_SDK_LIBS]
+        for arch in archs:
+            n = arch_number(arch)
+            libs += [(self.stub(n), f"v{n}"), (self.skel(n), f"v{n}")]
+        libs += [(self.android(lib), None) for lib in OPTIONAL_SDK_LIBS if self.android(lib).is_file()]
+        return libs
+
+
+def arch_number(arch: str) -> str:
+    n = arch.removeprefix("v")
+    if not n.isdigit():
+        raise UsageError(f"--htp-arch: {arch!r} is not an HTP arch such as v75")
+    return n
+
+
 def _existing(path: Path, what: str) -> Path:
     if not path.is_file():
         raise UsageError(f"{what}: {path} does not exist")
@@ -45,18 +113,57 @@ def _existing(path: Path, what: str) -> Path:
 
 def sdk_libs(sdk: Path, arch: str) -> list[tuple[Path, str | None]]:
     """(path, htp_arch) of the QNN SDK libraries specific to one HTP arch: its Stub and Skel."""
-    n = arch.removeprefix("v")
-    if not n.isdigit():
-        raise UsageError(f"--htp-arch: {arch!r} is not an HTP arch such as v75")
-    android = sdk / "lib" / "aarch64-android"
-    if not android.is_dir():
-        raise UsageError(f"--qnn-sdk: {sdk} has no lib/aarch64-android (is it a QNN SDK root?)")
-    return [
-        (_existing(android / f"libQnnHtpV{n}Stub.so", "--qnn-sdk"), f"v{n}"),
-        (_existing(sdk / "lib" / f"hexagon-v{n}" / "unsigned" / f"libQnnHtpV{n}Skel.so", "--qnn-sdk"),
-         f"v{n}"),
-    ]
+    n = arch_number(arch)
+    found = QnnSdk.at(sdk)
+    return [(_existing(found.stub(n), "--qnn-sdk"), f"v{n}"),
+            (_existing(found.skel(n), "--qnn-sdk"), f"v{n}")]
 
+
+# -- finding the files by upstream's names ------------------------------------------------------------
+
+def find_ptes(artifact: Path) -> dict[str, Path]:
+    """The programs llama.py wrote into its artifact folder, by mode: ``kv_llama_qnn.pte`` and the
+    like, or one model's prefixed name (``stories260k_kv_llama_qnn.pte``)."""
+    if not artifact.is_dir():
+        raise UsageError(f"--artifact: {artifact} is not a directory")
+    ptes: dict[str, Path] = {}
+    for mode, name in PTE_NAMES.items():
+        found = sorted(p for p in artifact.iterdir()
+                       if p.is_file() and (p.name == name or p.name.endswith("_" + name)))
+        if len(found) > 1:
+            raise UsageError(f"--artifact: {artifact} holds {len(found)} {mode} programs "
+                             f"({', '.join(p.name for p in found)}); choose one with --pte {mode}=FILE")
+        if found:
+            ptes[mode] = found[0]
+    if not ptes:
+        raise UsageError(f"--artifact: {artifact} holds none of {', '.join(PTE_NAMES.values())} "
+                         f"(llama.py's names); name the programs with --pte MODE=FILE")
+    return ptes
+
+
+def find_tokenizer(artifact: Path) -> Path:
+    """The runtime tokenizer in the artifact folder, by the names llama.py gives it."""
+    found = [artifact / n for n in TOKENIZER_NAMES if (artifact / n).is_file()]
+    if not found:
+        raise UsageError(f"--artifact: {artifact} holds none of {', '.join(TOKENIZER_NAMES)}; name "
+                         f"the runtime tokenizer with --tokenizer (llama3_2 and stories keep theirs "
+                         f"outside the artifact folder)")
+    if len(found) > 1:
+        raise UsageError(f"--artifact: {artifact} holds several tokenizers "
+                         f"({', '.join(p.name for p in found)}); choose one with --tokenizer")
+    return found[0]
+
+
+def find_in_build(build: Path, upstream_path: str, what: str) -> Path:
+    """A build output where SimpleADB takes it (``build/<upstream_path>``), or flat in ``build``."""
+    for path in (build / upstream_path, build / Path(upstream_path).name):
+        if path.is_file():
+            return path
+    raise UsageError(f"--build-folder: {build} has no {upstream_path} (nor {Path(upstream_path).name} "
+                     f"at its top); name it with {what}")
+
+
+# -- the manifest ---------------------------------------------------------------------------------------
 
 def make_manifest(a: QnnArtifacts, manifest_path: Path) -> Bundle:
     """Describe the artifacts (sizes, sha256) and write the manifest atomically."""
@@ -80,15 +187,8 @@ def make_manifest(a: QnnArtifacts, manifest_path: Path) -> Bundle:
     files.append(describe_file(base, _existing(a.tokenizer, "--tokenizer"), role="tokenizer"))
     files.append(describe_file(base, _existing(a.runner, "--runner"), role="runner"))
     files.append(describe_file(base, _existing(a.backend_lib, "--backend-lib"), role="backend_lib"))
-    android = a.qnn_sdk / "lib" / "aarch64-android"
-    for arch in a.htp_archs:
-        for path, htp in sdk_libs(a.qnn_sdk, arch):
-            files.append(describe_file(base, path, role="qnn_lib", htp_arch=htp))
-    for lib in COMMON_SDK_LIBS:
-        files.append(describe_file(base, _existing(android / lib, "--qnn-sdk"), role="qnn_lib"))
-    for lib in OPTIONAL_SDK_LIBS:
-        if (android / lib).is_file():
-            files.append(describe_file(base, android / lib, role="qnn_lib"))
+    for path, htp in QnnSdk.at(a.qnn_sdk).needed(a.htp_archs):
+        files.append(describe_file(base, _existing(path, "--qnn-sdk"), role="qnn_lib", htp_arch=htp))
     for path in a.extra:
         files.append(describe_file(base, _existing(path, "--extra"), role="other"))
     seen: dict[tuple[str, str | None], Path] = {}
@@ -103,3 +203,25 @@ def make_manifest(a: QnnArtifacts, manifest_path: Path) -> Bundle:
     manifest_path.parent.mkdir(parents=True, exist_ok=True)
     bundle.write(manifest_path)
     return bundle
+
+
+# -- what a phone can load ----------------------------------------------------------------------------
+
+ELF_MAGIC = b"\x7fELF"
+EM_AARCH64 = 183
+
+
+def not_an_android_binary(path: Path) -> str | None:
+    """Why a phone's linker would refuse ``path`` (the runner, the backend library, an aarch64-android
+    QNN library), or None: not an ELF file (a Git LFS pointer, an HTML page), or one for another
+    machine (a runner of the x86_64 build)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(20)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if head[:4] != ELF_MAGIC:
+        return f"is not an ELF file (it starts with {head[:16]!r})"
+    if len(head) == 20 and head[5] == 1 and int.from_bytes(head[18:20], "little") != EM_AARCH64:
+        return f"is an ELF file for machine {int.from_bytes(head[18:20], 'little')}, not aarch64 (183)"
+    return None
