@@ -3,15 +3,26 @@
 # Idempotent: a second run only checks that everything is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Virtual devices confine their commands with bubblewrap (farm/virtual/confine.py).
-if ! command -v bwrap >/dev/null 2>&1; then
+# Virtual devices confine their commands with bubblewrap (farm/virtual/confine.py), and their
+# /system/bin/sh is mksh, Android's shell (upstream's scripts use its [[ ]]).
+missing_pkgs=""
+command -v bwrap >/dev/null 2>&1 || missing_pkgs="$missing_pkgs bubblewrap"
+command -v mksh >/dev/null 2>&1 || missing_pkgs="$missing_pkgs mksh"
+if [ -n "$missing_pkgs" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "ci/setup.sh: installing bubblewrap (virtual devices run their commands in namespaces)" >&2
-    apt-get install -y -q bubblewrap >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }
+    echo "ci/setup.sh: installing$missing_pkgs (virtual devices: namespaces, Android's shell)" >&2
+    # shellcheck disable=SC2086
+    apt-get install -y -q $missing_pkgs >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q $missing_pkgs >/dev/null; }
   else
-    echo "ci/setup.sh: bubblewrap (bwrap) is missing: virtual devices will refuse to start." >&2
-    echo "  Install it (Debian/Ubuntu: sudo apt-get install bubblewrap), or run them unconfined" >&2
-    echo "  on the host with PTEFARM_VIRTUAL_UNCONFINED=1 (degraded)." >&2
+    case "$missing_pkgs" in *bubblewrap*)
+      echo "ci/setup.sh: bubblewrap (bwrap) is missing: virtual devices will refuse to start." >&2
+      echo "  Install it (Debian/Ubuntu: sudo apt-get install bubblewrap), or run them unconfined" >&2
+      echo "  on the host with PTEFARM_VIRTUAL_UNCONFINED=1 (degraded)." >&2;;
+    esac
+    case "$missing_pkgs" in *mksh*)
+      echo "ci/setup.sh: mksh is missing: virtual devices fall back to /bin/sh as /system/bin/sh," >&2
+      echo "  where Android scripts' [[ ]] fails (Debian/Ubuntu: sudo apt-get install mksh)." >&2;;
+    esac
   fi
 fi
 PY=${PYTHON:-python3.11}

@@ -15,8 +15,12 @@ costs ~2 ms per command instead of ~12.
 Inside, ``/`` is a read-only tmpfs that looks like Android::
 
     /data            the device's storage (R/data), read-write; /data/local/tmp exists
+    /data/tombstones R/tombstones, read-only (written by the device's logd, as tombstoned does)
+    /dev/socket      R/run/socket, read-only: logd's socket (logcat, log, the runner's wrapper)
+    /dev/__properties__  R/run/props, read-only: the properties the device's boot set (getprop)
     /storage/emulated/0, /sdcard -> it   R/data/media/0
-    /system          R/system, read-only: bin/ (sh, getprop, dumpsys, df, farm-llama-runner), build.prop
+    /system          R/system, read-only: bin/ (sh = mksh, getprop, dumpsys, logcat, log, df,
+                     farm-llama-runner), build.prop
     /vendor/lib64    empty
     /proc /dev       bwrap's own (this pid namespace's processes only)
     /sys             the host's, read-only, with the device's class/thermal and class/power_supply over it
@@ -44,6 +48,7 @@ from pathlib import Path
 
 import farm
 from farm.errors import InfraError
+from farm.virtual.logd import SOCKET_REL, TOMBSTONES_REL
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +62,7 @@ MEDIA_REL = "data/media/0"       # -> /storage/emulated/0 (where Android keeps i
 SYSTEM_REL = "system"            # -> /system (read-only)
 SYS_REL = "sys"                  # R/sys/class/{thermal,power_supply} -> /sys/class/...
 ETC_REL = "etc"                  # synthetic passwd, group, hosts
+PROPS_REL = "run/props"          # -> /dev/__properties__ (runtime properties, read by getprop)
 
 ANDROID_PATH = "/system/bin:/vendor/bin:/usr/local/bin:/usr/bin:/bin"
 SYS_CLASSES = ("thermal", "power_supply")
@@ -162,7 +168,13 @@ class AndroidView:
                 "--tmpfs", "/",
                 "--ro-bind", "/usr", "/usr", *_top_level_host_links(),
                 "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                # The device's logd socket and the properties its boot set: its process serves and
+                # writes them from the host; read-only inside (a socket still takes connections).
+                "--ro-bind", str(r / SOCKET_REL), "/dev/socket",
+                "--ro-bind", str(r / PROPS_REL), "/dev/__properties__",
                 "--bind", str(self.storage), "/data",
+                # Written by the device's logd only, as tombstoned owns them on a phone.
+                "--ro-bind", str(r / TOMBSTONES_REL), "/data/tombstones",
                 "--bind", str(r / MEDIA_REL), "/storage/emulated/0",
                 "--symlink", "/storage/emulated/0", "/sdcard",
                 "--ro-bind", str(r / SYSTEM_REL), "/system",

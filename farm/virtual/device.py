@@ -32,6 +32,7 @@ from farm import procs
 from farm.errors import UsageError
 from farm.fileio import write_atomic
 from farm.virtual.confine import (
+    PROPS_REL,
     STORAGE_REL,
     AndroidView,
     ConfinementUnavailable,
@@ -42,7 +43,15 @@ from farm.virtual.confine import (
     unconfined_requested,
 )
 from farm.virtual.faults import NO_FAULTS, Faults, read_faults
-from farm.virtual.identity import DeviceIdentity, install_system, load_identity, runtime_props
+from farm.virtual.identity import (
+    DeviceIdentity,
+    device_shell,
+    install_system,
+    load_identity,
+    runtime_props,
+    write_runtime_props,
+)
+from farm.virtual.logd import SOCKET_NAME, SOCKET_REL, TOMBSTONES_REL, LogDaemon
 from farm.virtual.protocol import (
     A_CLSE,
     A_CNXN,
@@ -64,6 +73,9 @@ RUN_FILE = "run.json"
 PGID_DIR = "run/commands"
 EXIT_UNCONFINABLE = 3   # the device cannot confine its commands (and was not told to run without)
 REBOOT_DOWN_S = 1.0     # how long a rebooting device stays away: the server must notice it went
+# Set once the boot is over (before that, getprop answers them empty, as during a phone's boot).
+BOOT_PROPS = {"sys.boot_completed": "1", "dev.bootcomplete": "1", "service.bootanim.exit": "1",
+              "init.svc.adbd": "running", "init.svc.logd": "running", "sys.usb.state": "adb"}
 log = logging.getLogger("farm.virtual.device")  # also when run as __main__
 
 
@@ -88,6 +100,8 @@ def unconfined_env(root: Path) -> dict[str, str]:
         "ANDROID_ROOT": str(root / "system"),
         "PTEFARM_SYSFS": str(root / "sys"),
         "PTEFARM_VIRTUAL_ROOT": str(root),
+        "PTEFARM_PROPS": str(root / PROPS_REL),
+        "PTEFARM_LOGD_SOCKET": str(root / SOCKET_REL / SOCKET_NAME),
         "PYTHONPATH": procs.farm_env({})["PYTHONPATH"],
     }
 
@@ -104,6 +118,10 @@ class VirtualDevice:
         install_system(root, self.props, identity.free_bytes)
         self.banner = device_banner(identity.props)
         (root / PGID_DIR).mkdir(parents=True, exist_ok=True)
+        (root / STORAGE_REL / TOMBSTONES_REL).mkdir(parents=True, exist_ok=True)  # a mount point
+        self.logd = LogDaemon(root, self.props)
+        self.logd.start()  # before the view: its socket directory is bound into it
+        self.logd.write("main", "I", "init", "init first stage started!")
         self.namespaces: Namespaces | None = None
         if confined:
             view = AndroidView(root=root, hostname=identity.props.get("ro.product.device", "android"),
@@ -114,13 +132,20 @@ class VirtualDevice:
                                       shell="/system/bin/sh", enter=self.namespaces.enter_argv)
         else:
             self.ctx = CommandContext(cwd=root, env=unconfined_env(root), pgid_dir=root / PGID_DIR,
-                                      shell="/bin/sh")
+                                      shell=device_shell())
         self.sync_workers = WarmWorkers(self.sync_argv(), self.ctx.env, cwd=self.ctx.cwd)
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
         self.reboot_requested = threading.Event()
         self._transports: set[Transport] = set()
         self._transports_lock = threading.Lock()
+
+    def complete_boot(self) -> None:
+        """What the end of a phone's boot sets: sys.boot_completed and its companions (a script's
+        ``while [[ -z $(getprop sys.boot_completed) ]]`` loop ends here)."""
+        write_runtime_props(self.root, BOOT_PROPS)
+        self.logd.write("system", "I", "ActivityManager", "Boot completed: sys.boot_completed=1")
+        log.info("boot completed")
 
     def sync_argv(self) -> list[str]:
         """The sync worker: inside the view, or confined by path on the host."""
@@ -175,6 +200,7 @@ class VirtualDevice:
                 log.debug("listener shutdown: %s", e)
             self._listener.close()
         kill_commands(self.root / PGID_DIR)
+        self.logd.stop()
         self.sync_workers.close()
         if self.namespaces is not None:
             self.namespaces.stop()  # ends whatever still runs inside
@@ -328,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.exit_with_pid:
         # A test session killed -9 leaves nothing behind.
         procs.watch_owner(args.exit_with_pid, stop_and_exit)
+    delay_ms = device.faults().boot_completed_delay_ms
+    if delay_ms is None:
+        device.complete_boot()  # before run.json: whoever waits for the device finds it booted
+    else:  # listening (adb sees the device) while still booting, as a phone's adbd is
+        threading.Timer(delay_ms / 1000, device.complete_boot).start()
     _write_run_file(root, port, device)
     log.info("device %s listening on 127.0.0.1:%d (%s)", device.identity.props["ro.serialno"], port,
              "confined" if confined else "UNCONFINED")

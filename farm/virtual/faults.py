@@ -25,9 +25,11 @@ class Faults:
     disk_full_after_bytes: int | None = None  # SEND fails "No space left on device" past N bytes
     hang_commands: str | None = None          # regex: a matching shell command never finishes
     runner_delay_ms: int | None = None        # the host runner sleeps this long per decoded token
+    boot_completed_delay_ms: int | None = None  # at (re)boot, sys.boot_completed is set this much later
 
     def __post_init__(self) -> None:
-        for name in ("drop_after_bytes", "slow_bytes_per_s", "disk_full_after_bytes", "runner_delay_ms"):
+        for name in ("drop_after_bytes", "slow_bytes_per_s", "disk_full_after_bytes", "runner_delay_ms",
+                     "boot_completed_delay_ms"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value < 0):

@@ -13,8 +13,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
+import shutil
 import stat
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from farm.config import DEFAULT_WORKSPACE
 from farm.errors import UsageError
 from farm.fileio import write_atomic
 from farm.soc import HTP_ARCH_BY_SOC, PLATFORM_BY_SOC
-from farm.virtual.confine import ETC_REL, MEDIA_REL, SHELL_UID, STORAGE_REL, SYSTEM_REL
+from farm.virtual.confine import ETC_REL, MEDIA_REL, PROPS_REL, SHELL_UID, STORAGE_REL, SYSTEM_REL
 from farm.virtual.phone import PHONE_FILE, PhoneState, load_phone, render_sysfs, save_phone
 
 SPEC_FILE = "spec.json"
@@ -59,6 +62,14 @@ def _profiles(*phones: SocProfile) -> dict[str, SocProfile]:
             raise ValueError(f"virtual SoC profile {p.soc}: not in farm.soc's tables (HTP arch and "
                              f"ro.board.platform codename)")
     return {p.soc: p for p in phones}
+
+
+# Build facts of a release (ro.build.id, security patch, build date), as phones of that release carry.
+_BUILDS = {"13": ("TP1A.220624.014", "2023-02-01", 1675209600),
+           "14": ("UP1A.231005.007", "2024-02-01", 1706745600),
+           "15": ("AP3A.240905.015.A2", "2025-02-01", 1738368000),
+           "16": ("BP2A.250605.031.A3", "2025-10-01", 1759276800)}
+BUILD_TYPE = "userdebug"  # farm phones are userdebug (shell reads /data/tombstones, as here)
 
 
 # No SM8635 (8s Gen 3, "cliffs"): upstream's QcomChipset has no entry for it, so it has no HTP arch.
@@ -116,16 +127,50 @@ def make_identity(spec: VirtualDeviceSpec) -> DeviceIdentity:
             raise UsageError(f"virtual device {what} {value!r} must be 1-64 chars without : ; =")
     if spec.free_bytes is not None and spec.free_bytes < 0:
         raise UsageError(f"virtual device free_bytes must be >= 0, got {spec.free_bytes}")
+    brand = "samsung" if model.startswith("SM-") else "Xiaomi"
+    build_id, patch, date_utc = _BUILDS.get(p.release, _BUILDS["14"])
+    incremental = f"{model[3:]}XXU1AXB5" if model.startswith("SM-") else "V816.0.1.0"
+    fingerprint = f"{brand}/{p.name}/{p.device}:{p.release}/{build_id}/{incremental}:{BUILD_TYPE}/release-keys"
     props = {
         "ro.board.platform": p.platform,
-        "ro.product.model": model,
-        "ro.product.name": p.name,
-        "ro.product.device": p.device,
-        "ro.product.manufacturer": "samsung" if model.startswith("SM-") else "Xiaomi",
+        "ro.boot.hardware": "qcom",
+        "ro.boot.serialno": serialno,
+        "ro.build.characteristics": "phone",
+        "ro.build.date": time.strftime("%a %b %d %H:%M:%S UTC %Y", time.gmtime(date_utc)),
+        "ro.build.date.utc": str(date_utc),
+        "ro.build.display.id": f"{build_id}.{incremental}",
+        "ro.build.fingerprint": fingerprint,
+        "ro.build.flavor": f"{p.name}-{BUILD_TYPE}",
+        "ro.build.id": build_id,
+        "ro.build.product": p.device,
+        "ro.build.tags": "release-keys",
+        "ro.build.type": BUILD_TYPE,
+        "ro.build.version.codename": "REL",
+        "ro.build.version.incremental": incremental,
         "ro.build.version.release": p.release,
         "ro.build.version.sdk": str(p.sdk),
+        "ro.build.version.security_patch": patch,
+        "ro.debuggable": "1",
+        "ro.hardware": "qcom",
+        "ro.product.board": p.platform,
+        "ro.product.brand": brand,
         "ro.product.cpu.abi": "arm64-v8a",
+        "ro.product.cpu.abilist": "arm64-v8a,armeabi-v7a,armeabi",
+        "ro.product.cpu.abilist32": "armeabi-v7a,armeabi",
+        "ro.product.cpu.abilist64": "arm64-v8a",
+        "ro.product.device": p.device,
+        "ro.product.locale": "en-US",
+        "ro.product.manufacturer": brand,
+        "ro.product.model": model,
+        "ro.product.name": p.name,
+        "ro.product.vendor.brand": brand,
+        "ro.product.vendor.device": p.device,
+        "ro.product.vendor.manufacturer": brand,
+        "ro.product.vendor.model": model,
+        "ro.product.vendor.name": p.name,
+        "ro.secure": "1",
         "ro.serialno": serialno,
+        "ro.vendor.build.fingerprint": fingerprint,
         "ro.ptefarm.virtual": "1",
     }
     if not spec.platform_only:
@@ -167,6 +212,29 @@ def runtime_props(identity: DeviceIdentity, root: Path, confined: bool) -> dict[
                         "ro.ptefarm.confined": "1" if confined else "0"}.items()))
 
 
+RUNTIME_PROPS_FILE = "runtime.prop"  # what init sets while the device runs (sys.boot_completed, ...)
+# Per-boot state the device's tools keep in /data (shell-writable there, as these overrides are on a
+# phone): forgotten at every boot, as a phone forgets `dumpsys battery set` and `deviceidle force-idle`.
+BOOT_STATE_GLOB = "data/system/ptefarm-*"
+
+
+def device_shell() -> str:
+    """``/system/bin/sh``: mksh, Android's shell (Debian package mksh), or the host's /bin/sh where
+    mksh is missing (then scripts using ``[[ ]]`` fail, as the device log says)."""
+    for candidate in ("/usr/bin/mksh", "/bin/mksh"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("mksh")
+    return found or "/bin/sh"
+
+
+def write_runtime_props(root: Path, props: dict[str, str]) -> None:
+    """Replace the device's runtime properties (a reader sees the old set or the new one)."""
+    path = root / PROPS_REL / RUNTIME_PROPS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, "".join(f"{k}={v}\n" for k, v in sorted(props.items())))
+
+
 def install_system(root: Path, props: dict[str, str], free_bytes: int | None) -> None:
     """Write ``R/system`` (``/system`` inside: build.prop and the tools), ``R/etc`` (passwd, group,
     hosts) and the phone's sysfs files. Done at each start: the runner link follows the interpreter
@@ -174,15 +242,26 @@ def install_system(root: Path, props: dict[str, str], free_bytes: int | None) ->
     system_bin = root / SYSTEM_REL / "bin"
     system_bin.mkdir(parents=True, exist_ok=True)
     write_atomic(root / SYSTEM_REL / "build.prop", "".join(f"{k}={v}\n" for k, v in props.items()))
+    write_runtime_props(root, {})  # nothing of the last boot: the device sets what its boot sets
+    for stale in root.glob(BOOT_STATE_GLOB):
+        stale.unlink(missing_ok=True)
     _write_tool(system_bin / "getprop", GETPROP)
     _write_tool(system_bin / "dumpsys", DUMPSYS)
+    python = shlex.quote(sys.executable)
+    _write_tool(system_bin / "logcat", f'#!/bin/sh\nexec {python} -S -m farm.virtual.logcat logcat "$@"\n')
+    _write_tool(system_bin / "log", f'#!/bin/sh\nexec {python} -S -m farm.virtual.logcat log "$@"\n')
     if free_bytes is not None:
         _write_tool(system_bin / "df", DF.format(kib=free_bytes // 1024))
     else:
         (system_bin / "df").unlink(missing_ok=True)  # the real df reports the storage's filesystem
-    # sh: the host's, as seen inside; the runner: the venv's console script (bundles of dialect host).
-    _link(system_bin / "sh", "/bin/sh")
-    _link(system_bin / "farm-llama-runner", str(Path(sys.executable).parent / "farm-llama-runner"))
+    # sh: Android's mksh, as seen inside; the runner: the venv's console script (bundles of dialect
+    # host), watched by farm.virtual.runwrap (logcat lines, tombstones), the same pid for the caller.
+    _link(system_bin / "sh", device_shell())
+    runner = system_bin / "farm-llama-runner"
+    if runner.is_symlink():
+        runner.unlink()
+    real = shlex.quote(str(Path(sys.executable).parent / "farm-llama-runner"))
+    _write_tool(runner, f'#!/bin/sh\nexec {python} -S -m farm.virtual.runwrap {real} "$0" "$@"\n')
     etc = root / ETC_REL
     etc.mkdir(exist_ok=True)
     write_atomic(etc / "passwd", "root:x:0:0:root:/:/system/bin/sh\n"
@@ -211,44 +290,64 @@ def _write_tool(path: Path, text: str) -> None:
 # Imitations of Android tools, kept tiny: only what the farm reads. Their paths default to the view's
 # (/system, /sys, /data); an unconfined device points them into its root with the same variables.
 GETPROP = r"""#!/bin/sh
-# getprop of a virtual device: no argument lists '[key]: [value]', one argument prints its value.
+# getprop of a virtual device: the build's properties from /system/build.prop, what the device set at
+# boot (sys.boot_completed, ...) from /dev/__properties__/runtime.prop. No argument lists them all,
+# sorted, as '[key]: [value]'; 'getprop KEY [DEFAULT]' prints the value (DEFAULT or an empty line when
+# unset).
 props="${ANDROID_ROOT:-/system}/build.prop"
+runtime="${PTEFARM_PROPS:-/dev/__properties__}/runtime.prop"
 if [ $# -eq 0 ]; then
-  sed -e 's/^\([^=]*\)=\(.*\)$/[\1]: [\2]/' "$props"
-else
+  cat "$props" "$runtime" 2>/dev/null | LC_ALL=C sort -t= -k1,1 -u \
+    | sed -e 's/^\([^=]*\)=\(.*\)$/[\1]: [\2]/'
+  exit 0
+fi
+for file in "$runtime" "$props"; do
+  [ -r "$file" ] || continue
   while IFS= read -r line; do
     case "$line" in "$1="*) printf '%s\n' "${line#*=}"; exit 0;; esac
-  done < "$props"
-  echo
-fi
+  done < "$file"
+done
+printf '%s\n' "${2:-}"
 """
 
 DUMPSYS = r"""#!/bin/sh
-# dumpsys of a virtual device: only 'dumpsys battery', read from the battery's sysfs files as
-# BatteryService does (temperature in tenths of a degree C). 'dumpsys battery set temp|level N' and
-# 'dumpsys battery reset' override what it reports, as on a phone (the sysfs files stay as they are).
-if [ "$1" != battery ]; then echo "Can't find service: $1" >&2; exit 1; fi
-sysfs="${PTEFARM_SYSFS:-/sys}/class/power_supply/battery"
-state="${ANDROID_DATA:-/data}/system/ptefarm-battery"
-if [ "$2" = set ]; then
-  case "$3" in
-    temp|level) case "$4" in ""|*[!0-9]*) echo "Bad value: $4" >&2; exit 1;; esac
-                mkdir -p "${state%/*}" && printf %s "$4" > "$state.$3"; exit 0;;
-    *) echo "Unknown set option: $3" >&2; exit 1;;
+# dumpsys of a virtual device: battery, deviceidle and thermalservice, in the shapes Android 14 prints.
+# 'dumpsys battery' reads the battery's sysfs files as BatteryService does (temperature in tenths of a
+# degree C); 'dumpsys battery set temp|level N' and 'reset' override what it reports, as on a phone
+# (the sysfs files stay as they are). 'dumpsys deviceidle force-idle|unforce|get ...' keeps its state
+# in /data/system until the next boot. 'dumpsys thermalservice' reads the thermal zones; each zone's
+# status (0 NONE .. 6 SHUTDOWN) comes from its type's thresholds, the overall status is the highest.
+sysfs="${PTEFARM_SYSFS:-/sys}/class"
+state="${ANDROID_DATA:-/data}/system/ptefarm"
+battery_status() {
+  case "$(cat "$sysfs/power_supply/battery/status" 2>/dev/null)" in
+    Charging) echo 2;; Discharging) echo 3;; "Not charging") echo 4;; Full) echo 5;; *) echo 1;;
   esac
-fi
-if [ "$2" = reset ]; then rm -f "$state.temp" "$state.level"; exit 0; fi
-temperature=$(cat "$state.temp" 2>/dev/null || cat "$sysfs/temp" 2>/dev/null || echo 0)
-level=$(cat "$state.level" 2>/dev/null || cat "$sysfs/capacity" 2>/dev/null || echo 0)
-case "$(cat "$sysfs/status" 2>/dev/null)" in
-  Charging) status=2;; Discharging) status=3;; "Not charging") status=4;; Full) status=5;; *) status=1;;
-esac
-cat <<EOF
+}
+case "$1" in
+-l)
+  printf 'Currently running services:\n  battery\n  deviceidle\n  thermalservice\n'
+  ;;
+battery)
+  if [ "$2" = set ]; then
+    case "$3" in
+      temp|level) case "$4" in ""|*[!0-9]*) echo "Bad value: $4" >&2; exit 1;; esac
+                  mkdir -p "${state%/*}" && printf %s "$4" > "$state-battery.$3"; exit 0;;
+      *) echo "Unknown set option: $3" >&2; exit 1;;
+    esac
+  fi
+  if [ "$2" = reset ]; then rm -f "$state-battery.temp" "$state-battery.level"; exit 0; fi
+  temperature=$(cat "$state-battery.temp" 2>/dev/null || cat "$sysfs/power_supply/battery/temp" 2>/dev/null || echo 0)
+  level=$(cat "$state-battery.level" 2>/dev/null || cat "$sysfs/power_supply/battery/capacity" 2>/dev/null || echo 0)
+  status=$(battery_status)
+  cat <<END
 Current Battery Service state:
   AC powered: false
   USB powered: true
   Wireless powered: false
   Max charging current: 500000
+  Max charging voltage: 5000000
+  Charge counter: 4200000
   status: $status
   health: 2
   present: true
@@ -257,7 +356,90 @@ Current Battery Service state:
   voltage: 4312
   temperature: $temperature
   technology: Li-ion
-EOF
+END
+  ;;
+deviceidle)
+  forced=$(cat "$state-deviceidle" 2>/dev/null)
+  charging=false; [ "$(battery_status)" = 2 ] && charging=true
+  deep=ACTIVE; light=ACTIVE
+  case "$forced" in deep) deep=IDLE; light=OVERRIDE;; light) light=IDLE;; esac
+  case "$2" in
+    force-idle)
+      mode=${3:-deep}
+      case "$mode" in deep|light) ;; *) echo "Unknown idle mode: $mode"; exit 0;; esac
+      mkdir -p "${state%/*}" && printf %s "$mode" > "$state-deviceidle"
+      echo "Now forced in to $mode idle mode";;
+    unforce)
+      rm -f "$state-deviceidle"
+      echo "Light state: ACTIVE, deep state: ACTIVE";;
+    get)
+      case "$3" in
+        deep) echo "$deep";; light) echo "$light";;
+        force) if [ -n "$forced" ]; then echo true; else echo false; fi;;
+        screen) echo true;; charging) echo "$charging";; network) echo true;;
+        *) echo "Unknown get option: $3";;
+      esac;;
+    "")
+      if [ -n "$forced" ]; then f=true; else f=false; fi
+      cat <<END
+  Settings:
+  mLightEnabled=true  mDeepEnabled=true
+  mForceIdle=$f
+  mScreenOn=true
+  mCharging=$charging
+  mState=$deep mLightState=$light
+END
+      ;;
+    *) echo "Unknown option: $2";;
+  esac
+  ;;
+thermalservice)
+  for zone in "$sysfs"/thermal/thermal_zone*; do
+    [ -r "$zone/temp" ] && printf '%s %s\n' "$(cat "$zone/type")" "$(cat "$zone/temp")"
+  done | awk -v battery="$(cat "$sysfs/power_supply/battery/temp" 2>/dev/null || echo 0)" '
+    # Android Temperature types; status thresholds (LIGHT..SHUTDOWN, deg C) per type, as a
+    # Snapdragon thermal HAL configures them.
+    function kind(name) {
+      if (name ~ /^cpu/) return 0; if (name ~ /^gpu/) return 1; if (name ~ /batt/) return 2
+      if (name ~ /skin|therm/) return 3; if (name ~ /^(nsp|npu|cdsp)/) return 9; return -1
+    }
+    function status(type, t,    n, i, th) {
+      if (type == 3) split("39 41 43 45 50 55", th, " ")
+      else if (type == 2) split("42 44 46 48 55 60", th, " ")
+      else if (type >= 0) split("85 90 95 100 105 115", th, " ")
+      else return 0
+      n = 0; for (i = 1; i <= 6; i++) if (t >= th[i] + 0) n = i
+      return n
+    }
+    function value(t) { return (t == int(t)) ? sprintf("%.1f", t) : sprintf("%g", t) }
+    function add(n, t) { count++; name[count] = n; temp[count] = t; type[count] = kind(n)
+                         st[count] = status(type[count], t); if (st[count] > worst) worst = st[count] }
+    NF == 2 { add($1, $2 / 1000) }
+    function list(   i) {
+      for (i = 1; i <= count; i++)
+        printf "\tTemperature{mValue=%s, mType=%d, mName=%s, mStatus=%d}\n", value(temp[i]), type[i], name[i], st[i]
+    }
+    END {
+      add("battery", battery / 10)
+      print "IsStatusOverride: false"
+      print "ThermalEventListeners:\n\tcallbacks: 1\n\tkilled: false\n\tbroadcasts count: -1"
+      print "ThermalStatusListeners:\n\tcallbacks: 1\n\tkilled: false\n\tbroadcasts count: -1"
+      print "Thermal Status: " (worst + 0)
+      print "Cached temperatures:"
+      list()
+      print "HAL Ready: true"
+      print "HAL connection:\n\tThermalHAL AIDL 1  connected: yes"
+      print "Current temperatures from HAL:"
+      list()
+      print "Current cooling devices from HAL:"
+      print "\tCoolingDevice{mValue=0, mType=2, mName=cpu-cluster0}"
+      print "\tCoolingDevice{mValue=0, mType=2, mName=cpu-cluster1}"
+    }'
+  ;;
+*)
+  echo "Can't find service: $1" >&2; exit 1
+  ;;
+esac
 """
 
 DF = """#!/bin/sh
