@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from farm.bundle.manifest import describe_file
 from farm.errors import UsageError
 from farm.execute import run as run_mod
 from farm.execute.deploy import deploy
@@ -57,6 +58,23 @@ def test_an_auto_bundles_runner_is_asked_once_per_device_and_runner_build(tmp_pa
     assert flags(a, v1_1) == flags(a, v1_1) == ("--shared_buffer",)
     assert len(a.help_calls()) == 2
     assert flags(a, v1_0) == ("--kv_updater",) and len(a.help_calls()) == 2
+
+
+def test_the_build_asked_about_is_the_named_runners_not_another_runner_files(tmp_path):
+    """A bundle may ship other files of role runner (a wrapper, an older build): the cache answers for
+    the runner the manifest names, so a new build of it beside the same other file is asked anew."""
+    dev = device(tmp_path, "dev-a")
+    bundles = []
+    for name, help_text in (("v1-0", QNN_V1_0_1), ("v1-1", QNN_V1_1_0)):
+        bundle = scripted_bundle(tmp_path / "bundles" / name, name, help_text)
+        aux = tmp_path / "bundles" / name / "aux_runner"
+        aux.write_text("#!/bin/sh\necho the same helper in both bundles\n")
+        other = describe_file(aux.parent, aux, role="runner")
+        bundle = dataclasses.replace(bundle, files=[other, *bundle.files])
+        deploy(dev, bundle)
+        bundles.append(bundle)
+    assert [flags(dev, b) for b in bundles] == [("--kv_updater",), ("--shared_buffer",)]
+    assert len(dev.help_calls()) == 2
 
 
 def test_the_host_runner_on_the_devices_path_is_asked_like_any_other(tmp_path):
