@@ -116,4 +116,5 @@ class RecordingDevice(FakeDevice):
 
 
 def is_runner_command(command: str) -> bool:
-    return " && exec " in command  # farm.execute.runprofile.build_command: the shell becomes the runner
+    """The command of a run (farm.execute.runprofile.build_command), not of a --help or a clean-up."""
+    return " && exec " in command and " --output_path " in command
