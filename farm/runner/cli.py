@@ -206,10 +206,12 @@ def run(argv: list[str]) -> int:
     import torch
 
     from farm.runner.engine import LlamaRunner, cpp_double, updater_class
+    from farm.runner.lookahead import LookaheadConfig
 
     io_cls = updater_class(args.kv_updater)
     runner = LlamaRunner(args.model_path, args.tokenizer_path, args.eval_mode, io_cls,
-                         args.decoder_model_version, dump_logits=bool(args.dump_logits_path))
+                         args.decoder_model_version, dump_logits=bool(args.dump_logits_path),
+                         lookahead=LookaheadConfig(args.ngram, args.window, args.gcap), seed=args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     text = bytearray()
     last_iteration = []
@@ -224,8 +226,9 @@ def run(argv: list[str]) -> int:
             gen_ = runner.generate(echo, args.seq_len, args.temperature, gen, tokens)
             text += gen_.text
             last_iteration.append(gen_)
-            if gen_.reached_eos:
-                sys.stdout.write("\n")  # token_generator.cpp prints a newline at EOS
+            # token_generator.cpp prints a newline at EOS; lhd_token_generator.cpp two, or one
+            # when the context ends the generation.
+            sys.stdout.write("\n" * gen_.newlines)
             print(gen_.stats.observer_line(), flush=True)
             _write_atomic(args.performance_output_path,
                           cpp_double(gen_.stats.tokens_per_second()).encode(), "performance_output_path")

@@ -18,13 +18,18 @@ import numpy as np
 import torch
 
 from farm.errors import UsageError
+from farm.model.llama import MASK_MIN, causal_block
 from farm.model.template import PromptTemplate, check_version
 from farm.runner.io_manager import UPDATERS, ContextFull, IoMgr, KVShape
+from farm.runner.lookahead import LookaheadConfig, LookaheadState
 from farm.vocab import EvalMode
 
-# --eval_mode -> (prefill method, decode method); lookahead (2) is not supported by this runner.
+# --eval_mode -> (prefill method, decode method), runner.cpp:162-178; lookahead (2) decodes with a
+# kv_forward of ar_len >= (window + gcap) * (ngram - 1) (farm/runner/lookahead.py).
+LOOKAHEAD = 2
 METHODS = {EvalMode.KV.number: ("forward", "forward"),
-           EvalMode.HYBRID.number: ("prefill_forward", "kv_forward")}
+           EvalMode.HYBRID.number: ("prefill_forward", "kv_forward"),
+           LOOKAHEAD: ("prefill_forward", "kv_forward")}
 
 
 def now_ms() -> int:
@@ -90,6 +95,7 @@ class Generation:
     text: bytes  # what the call adds to outputs.txt: the echoed prompt, then each token's piece
     stats: Stats
     reached_eos: bool = False
+    newlines: int = 0  # the printf("\n") upstream's generator made: 1 at EOS (lookahead: 2, LHD:340,385)
 
 
 class LlamaRunner:
@@ -98,12 +104,13 @@ class LlamaRunner:
 
     def __init__(self, model_path: str, tokenizer_path: str, eval_mode: int,
                  io_mgr_cls: type[IoMgr], decoder_model_version: str = "llama3",
-                 dump_logits: bool = False):
+                 dump_logits: bool = False, lookahead: LookaheadConfig | None = None,
+                 seed: int = 0):
         from farm.model.tokenizer import load_tokenizer
 
         if eval_mode not in METHODS:
             raise UsageError(f"--eval_mode: {eval_mode} ({EvalMode.from_number(eval_mode) or 'unknown'}) "
-                             "is not supported; use 0 (kv) or 1 (hybrid)")
+                             "is not supported; use 0 (kv), 1 (hybrid) or 2 (lookahead)")
         check_version(decoder_model_version)
         self.stats = Stats(model_load_start_ms=now_ms())
         self.program = _load_program(model_path)
@@ -119,7 +126,12 @@ class LlamaRunner:
         self.shape, self.vocab_size = self._read_shape(model_path)
         self.prefill_ar = self.prefill.metadata.input_tensor_meta(0).sizes()[1]
         self.decode_ar = self.decode.metadata.input_tensor_meta(0).sizes()[1]
-        if self.decode_ar != 1:
+        self.lookahead = None
+        if eval_mode == LOOKAHEAD:
+            cfg = lookahead or LookaheadConfig(0, 0, 0)
+            cfg.check(self.decode_ar, model_path)
+            self.lookahead = LookaheadState(cfg, seed)
+        elif self.decode_ar != 1:
             raise UsageError(f"--model_path: method {decode_name!r} has ar_len {self.decode_ar}, "
                              "expected 1")
         self.eval_mode = eval_mode
@@ -195,6 +207,10 @@ class LlamaRunner:
         generated = [token]
         text += self.template.piece(token)
         self.io.switch_method(self.decode_ar)
+        if self.lookahead is not None:
+            n_generated, reached_eos, newlines = self._lookahead_loop(
+                ids, token, seq_len, temperature, gen, generated, text)
+            return self._finish(ids, generated, text, n_generated, reached_eos, newlines)
         reached_eos = False
         # token_generator.cpp: EOS is looked for only in what the loop samples, never in the token
         # prefill produced; the loop's last token is written but not fed, so the next prompt starts
@@ -209,11 +225,92 @@ class LlamaRunner:
             if token in self.template.eos_ids:
                 reached_eos = True
                 break
+        return self._finish(ids, generated, text, self.cur_pos - start_pos - len(ids), reached_eos,
+                            int(reached_eos))
+
+    def _finish(self, ids: list[int], generated: list[int], text: bytearray, n_generated: int,
+                reached_eos: bool, newlines: int) -> Generation:
+        stats = self.stats
         stats.inference_end_ms = now_ms()
         stats.prompt_tokens = len(ids)
-        stats.generated_tokens = self.cur_pos - start_pos - len(ids)
+        stats.generated_tokens = n_generated
         return Generation(prompt_ids=list(ids), generated_ids=generated, text=bytes(text),
-                          stats=replace(stats), reached_eos=reached_eos)
+                          stats=replace(stats), reached_eos=reached_eos, newlines=newlines)
+
+    def _lookahead_loop(self, ids: list[int], token: int, seq_len: int, temperature: float,
+                        gen: torch.Generator, generated: list[int], text: bytearray
+                        ) -> tuple[int, bool, int]:
+        """lhd_token_generator.cpp generate (LHD:183-396): returns (tokens generated, EOS reached,
+        newlines printed); appends what it writes to ``generated`` and ``text``."""
+        cfg, ar = self.lookahead.cfg, self.decode_ar
+        start = self.cur_pos
+        if start > self.io.cache_len:
+            raise UsageError(f"--prompt: {start} cached tokens do not fit the lookahead method's cache "
+                             f"of {self.io.cache_len} (context {self.context_len}, ar_len {ar})")
+        self.io.set_step_block(cfg.block(ar, MASK_MIN))
+        try:
+            return self._lookahead_steps(ids, token, start, seq_len, temperature, gen, generated, text)
+        finally:  # the next prompt's prefill may run on this mask (a prefill of the same ar_len)
+            self.io.set_step_block(causal_block(ar))
+
+    def _lookahead_steps(self, ids: list[int], token: int, start: int, seq_len: int,
+                         temperature: float, gen: torch.Generator, generated: list[int],
+                         text: bytearray) -> tuple[int, bool, int]:
+        state, cfg, ar = self.lookahead, self.lookahead.cfg, self.decode_ar
+        pos = start
+        state.init_branch([*ids, token])
+        while pos < seq_len - 1:
+            checks = state.verification(token)
+            tokens, positions = state.step_inputs(token, pos, checks)
+            logits, outputs = self._lookahead_step(tokens, positions)
+            state.steps += 1
+            selected, reached_eos = [], False
+            row = 0
+            for v in range(cfg.ngram):
+                if v > 0:  # the first n-gram still matching everything sampled so far
+                    g = next((g for g, c in enumerate(checks) if c.active), None)
+                    if g is None:
+                        break
+                    row = state.row_of(g, v)
+                    state.accepted += 1
+                selected.append(row)
+                token = self._sample(logits[row], temperature, gen, self.stats)
+                generated.append(token)
+                text += self.template.piece(token)
+                pos += 1
+                if token in self.template.eos_ids:
+                    reached_eos = True
+                    break
+                for c in checks:
+                    c.active = c.active and v < cfg.ngram - 1 and token == c.tokens[v + 1]
+                if v == 0:
+                    last = (cfg.ngram - 2) * cfg.window
+                    state.advance([_pick(logits[last + i], temperature, gen) for i in range(cfg.window)])
+            if self.delay_s:
+                time.sleep(self.delay_s * len(selected))
+            if pos > self.context_len - ar:
+                return pos - start, reached_eos, 1 + int(reached_eos)  # LHD:368-372, not cached
+            self._keep_rows(outputs, selected)
+            if reached_eos:
+                return pos - start, True, 2
+        return pos - start, False, 0
+
+    def _lookahead_step(self, tokens: list[int], positions: list[int]):
+        inputs = self.io.inputs(tokens, self.io.n_past, positions)
+        outputs = self.decode.execute(inputs)
+        logits = outputs[0].numpy()[0]
+        if self.decode_logits is not None:
+            self.decode_logits.append(logits.copy())
+        return logits, outputs
+
+    def _keep_rows(self, outputs, rows: list[int]) -> None:
+        """Cache the K/V entries of the rows sampled, in order (kv_manager.cpp update_cache with
+        ``selected``): they become the next positions."""
+        m = self.shape.n_caches
+        index = torch.tensor(rows)
+        new_k = [k.index_select(2, index) for k in outputs[1 : 1 + m]]
+        new_v = [v.index_select(1, index) for v in outputs[1 + m : 1 + 2 * m]]
+        self.io.update([outputs[0], *new_k, *new_v], len(rows))
 
     def complete(self, prompt: str, seq_len: int, temperature: float = 0.0, seed: int = 0,
                  system_prompt: str = "") -> Generation:
@@ -253,13 +350,16 @@ class LlamaRunner:
     @staticmethod
     def _sample(logits: np.ndarray, temperature: float, gen: torch.Generator, stats: Stats) -> int:
         start = now_ms()
-        if temperature == 0:
-            token = int(logits.argmax())  # the first maximum, as torch.argmax
-        else:
-            probs = torch.softmax(torch.from_numpy(logits).double() / temperature, dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=gen))
+        token = _pick(logits, temperature, gen)
         stats.aggregate_sampling_time_ms += now_ms() - start
         return token
+
+
+def _pick(logits: np.ndarray, temperature: float, gen: torch.Generator) -> int:
+    if temperature == 0:
+        return int(logits.argmax())  # the first maximum, as torch.argmax
+    probs = torch.softmax(torch.from_numpy(logits).double() / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=gen))
 
 
 def _runner_delay_s() -> float:

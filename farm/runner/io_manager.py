@@ -109,20 +109,25 @@ class IoMgr:
         self._tok_np, self._pos_np = self._tok.numpy()[0], self._pos.numpy()[0]
         self._offsets = np.arange(self.ar_len, dtype=np.int32)
 
-    def inputs(self, tokens: list[int], start_pos: int) -> list[torch.Tensor]:
+    def inputs(self, tokens: list[int], start_pos: int,
+               positions: list[int] | None = None) -> list[torch.Tensor]:
         """Model inputs for up to ar_len tokens at absolute positions start_pos..; padded to ar_len.
+        ``positions``: each row's own position instead (lookahead decoding: rows that are guesses,
+        of which the caller stores a selection and checks the room for it itself).
         The token and position tensors are reused by the next step (the model does not keep them)."""
         n = len(tokens)
         if not 0 < n <= self.ar_len:
             raise ValueError(f"{n} tokens for a method of ar_len {self.ar_len}")
         if start_pos != self.n_past:
             raise ValueError(f"step at position {start_pos} but the cache holds {self.n_past}")
-        if self.n_past + n > self.cache_len:
+        if positions is None and self.n_past + n > self.cache_len:
             raise ContextFull(f"cache of {self.cache_len} entries has {self.n_past}, {n} more do not fit")
         self._tok_np[:n] = tokens
         self._tok_np[n:] = 0
         # Padding rows get in-range positions; their outputs are ignored and never stored.
         np.minimum(self._offsets + start_pos, self.shape.max_seq_len - 1, out=self._pos_np)
+        if positions is not None:
+            np.minimum(positions, self.shape.max_seq_len - 1, out=self._pos_np[:n])
         return [self._tok, self.mask, self._pos, *self.k_inputs(), *self.v_inputs()]
 
     def update(self, outputs: list[torch.Tensor], n: int) -> None:
@@ -146,6 +151,10 @@ class IoMgr:
         self._rearrange(old, self.cache_len)
         self.mask = self._fresh_mask()
         self._step_buffers()
+
+    def set_step_block(self, block: torch.Tensor) -> None:
+        """The mask among the current method's own rows (default: causal), e.g. lookahead's tree."""
+        self.mask[0, :, self.cache_len :] = block
 
     def reset(self) -> None:
         self.n_past = 0
