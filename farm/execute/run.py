@@ -8,6 +8,9 @@ Errors keep their families apart:
   its message carries the exit code and the last lines of stderr, ``.result`` the whole of it;
 - the runner exited 0 but left no outputs.txt, an empty one, or (for dialects that write token ids) no
   generated tokens -> ``RunIncomplete``: an error of the run, never a pass;
+- the runner cannot start at all (its ``--help``, asked first: the linker refuses it or a library,
+  the shell cannot run it, it dies of a signal, or it hangs while the device answers) ->
+  ``RunnerCannotStart``, a ``UsageError``: the bundle is at fault, never the device;
 - the device vanished, adb failed, or the runner hung past the timeout -> ``InfraError``
   (``DeviceGone``, ``AdbError``, ``DeviceTimeout``). On a timeout the runner is killed: closing the
   shell stream makes adbd hang up on it, and the recorded pid is killed as well for adbds that do not;
@@ -22,6 +25,7 @@ import posixpath
 import re
 import secrets
 import shlex
+import signal
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,15 +34,17 @@ from typing import Any
 
 from farm.bundle.manifest import Bundle
 from farm.device.protocol import DeviceLike
-from farm.errors import DeviceTimeout, FarmError, InfraError, RunIncomplete
+from farm.errors import DeviceTimeout, FarmError, InfraError, RunIncomplete, UsageError
 from farm.execute.deploy import bundle_workspace
 from farm.execute.runprofile import (
+    HELP_PIDFILE,
     RunnerCommand,
     RunRequest,
     build_command,
     help_command,
     help_names_dialect,
     kill_command,
+    runner_path,
     settle_dialect,
 )
 from farm.vocab import Dialect
@@ -213,25 +219,123 @@ def _pull_outputs(device: DeviceLike, command: RunnerCommand, timeout: float) ->
 # bytes, not the whole bundle's: a new .pte beside the same runner needs no new question. Only answers
 # are kept: a help that names no dialect (no runner there yet, a stand-in script) is asked again.
 _HELP: dict[tuple[str, str], str] = {}
+# (device serial, the bundle's files) -> why its runner cannot start there: the next test of the same
+# bundle is told at once instead of waiting for a hang again. Keyed by every file (a library the
+# runner links may be what is broken), so a bundle fixed and deployed again is asked afresh.
+_CANNOT_START: dict[tuple[str, frozenset[tuple[str, str]]], tuple[str, str | None, str]] = {}
 _HELP_LOCK = threading.Lock()
+# gflags prints --help before the runner loads anything: a runner silent this long hangs at start.
+HELP_TIMEOUT_S = 20.0
+ALIVE_TIMEOUT_S = 15.0  # the device must answer ``true`` in this long for a hang to be the runner's
+_LINKER = re.compile(r'CANNOT LINK EXECUTABLE "[^"]*": (.*)')
+
+
+class RunnerCannotStart(UsageError):
+    """The bundle's runner cannot start on a device: the linker refuses it or a library it needs,
+    the shell cannot run it, it dies of a signal or hangs before printing its ``--help``. Bad input
+    (the bundle's fault, exit 2): never an infrastructure error that would quarantine the device."""
+
+    def __init__(self, message: str, *, serial: str, runner: str, culprit: str, said: str):
+        super().__init__(message)
+        self.serial, self.runner, self.culprit, self.said = serial, runner, culprit, said
+
+
+def start_failure(text: str, exit_code: int | None) -> tuple[str, str | None] | None:
+    """Why a runner whose ``--help`` printed ``text`` and exited ``exit_code`` cannot start at all:
+    (reason, the file the device names, if any); None when it started (any help, even one naming no
+    dialect, or the shell's complaint that the workspace is not there yet).
+
+    Bionic's linker says ``CANNOT LINK EXECUTABLE "<exe>": <error>`` with the culprit quoted first in
+    the error (``library "libqnn_executorch_backend.so" not found``, ``"<path>" has bad ELF magic``);
+    sh exits 126 (cannot execute) or 127 (not found); 128+N is a death by signal N."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    linked = next((m for m in map(_LINKER.search, lines) if m), None)
+    if linked is not None:
+        quoted = re.search(r'"([^"]+)"', linked.group(1))
+        return "the dynamic linker refuses it", quoted.group(1) if quoted else None
+    if exit_code in (126, 127):
+        return f"the shell cannot run it (exit {exit_code})", None
+    if exit_code is not None and exit_code > 128:
+        try:  # 129..159: a signal's death; 255 and the like are the runner's own exit codes
+            name = signal.Signals(exit_code - 128).name
+        except ValueError:
+            return None
+        return f"it was killed by {name} at start (exit {exit_code})", None
+    return None
+
+
+def _bundle_key(bundle: Bundle) -> frozenset[tuple[str, str]]:
+    return frozenset((f.name, f.sha256) for f in bundle.files)
+
+
+def _cannot_start(device: DeviceLike, bundle: Bundle, reason: str, culprit: str | None,
+                  said: str) -> RunnerCannotStart:
+    with _HELP_LOCK:
+        _CANNOT_START[(device.serial, _bundle_key(bundle))] = (reason, culprit, said)
+    runner = runner_path(bundle)
+    named = posixpath.basename(culprit) if culprit else None
+    where = ""
+    if named:
+        mine = next((f for f in bundle.files if f.name == named), None)
+        where = (f"; the file it names, {named}, is the bundle's {mine.path}" if mine else
+                 f"; the file it names, {named}, is not in the bundle")
+    message = (f"{bundle.manifest_path or bundle.name}: runner {runner} on {device.serial} cannot "
+               f"start: {reason}{where}; the device said: {said or '(nothing)'}; the bundle is at "
+               f"fault, not the device: fix its runner or libraries and create it again")
+    return RunnerCannotStart(message, serial=device.serial, runner=runner, culprit=named or runner,
+                             said=said)
+
+
+def _ask_help(device: DeviceLike, bundle: Bundle, workspace: str, timeout: float):
+    """The runner's ``--help`` on the device. A help that does not finish on a device that still
+    answers is the runner's hang at start (killed, then ``RunnerCannotStart``); a device that does
+    not answer either is the device's (the ``DeviceTimeout`` stands)."""
+    try:
+        return device.shell(help_command(bundle, workspace), timeout=min(timeout, HELP_TIMEOUT_S))
+    except DeviceTimeout as timed_out:
+        try:
+            device.shell("true", timeout=ALIVE_TIMEOUT_S)
+        except InfraError:
+            raise timed_out from None
+        pidfile = shlex.quote(posixpath.join(workspace, HELP_PIDFILE))
+        marker = shlex.quote(posixpath.basename(runner_path(bundle)))
+        try:  # the pid is trusted only while its cmdline still names the runner
+            device.shell(f"pid=$(cat {pidfile} 2>/dev/null) && [ -n \"$pid\" ] && grep -qF -- "
+                         f"{marker} /proc/$pid/cmdline 2>/dev/null && kill -9 $pid; rm -f {pidfile}; "
+                         f"true", timeout=KILL_TIMEOUT_S)
+        except InfraError as e:
+            log.warning("device %s: killing a hung --help failed: %s", device.serial, e)
+        seconds = min(timeout, HELP_TIMEOUT_S)
+        raise _cannot_start(device, bundle, f"its --help did not finish in {seconds:g} s while the "
+                            f"device answered (it hangs at start)", None, str(timed_out)) from None
 
 
 def runner_dialect(device: DeviceLike, bundle: Bundle, *, timeout: float = 60.0) -> Dialect:
     """The dialect to drive the bundle's runner with on ``device`` (deployed already). A bundle of
     declared dialect ``host`` is the farm's own runner: taken as declared. Any other runner prints its
     ``--help`` once per device and runner build (cached for the process); ``auto`` takes the dialect
-    it shows, a declaration it contradicts is a ``UsageError`` (farm.execute.runprofile.settle_dialect)."""
+    it shows, a declaration it contradicts is a ``UsageError`` (farm.execute.runprofile.settle_dialect).
+    A runner that cannot start at all is ``RunnerCannotStart`` (see ``start_failure``), within
+    ``HELP_TIMEOUT_S`` when it hangs."""
     if bundle.runner_dialect == Dialect.HOST:
         return Dialect.HOST
     runner = next((f for f in bundle.files if f.role == "runner" and f.name == bundle.runner), None)
     key = (device.serial, runner.sha256 if runner else "host-runner")
     with _HELP_LOCK:
         text = _HELP.get(key)
+        known_failure = _CANNOT_START.get((device.serial, _bundle_key(bundle)))
     if text is not None:
         return settle_dialect(bundle, text, device.serial)
+    if known_failure is not None:
+        raise _cannot_start(device, bundle, *known_failure)
     # gflags exits 1 after --help: the text, not the exit code, is the answer.
-    shell = device.shell(help_command(bundle, bundle_workspace(device, bundle)), timeout=timeout)
+    shell = _ask_help(device, bundle, bundle_workspace(device, bundle), timeout)
     text = shell.out + shell.err  # the runner's own output is on stdout; the shell's complaints not
+    if not help_names_dialect(text):
+        failure = start_failure(text, shell.exit_code)
+        if failure is not None:
+            said = " | ".join(line.strip()[:300] for line in text.splitlines() if line.strip())[-1200:]
+            raise _cannot_start(device, bundle, *failure, said)
     dialect = settle_dialect(bundle, text, device.serial, exit_code=shell.exit_code)
     if help_names_dialect(text):
         with _HELP_LOCK:

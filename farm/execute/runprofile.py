@@ -132,11 +132,15 @@ def runner_path(bundle: Bundle) -> str:
     return "./" + bundle.runner if bundle.runner else HOST_RUNNER
 
 
+HELP_PIDFILE = ".runner-help.pid"  # in the workspace: the pid of a --help that may hang, to kill it
+
+
 def help_command(bundle: Bundle, workspace: str) -> str:
     """``--help`` of the bundle's runner, run as a real run would be (in the workspace, with its
-    libraries): a runner that needs its backend library to start must find it here too."""
+    libraries): a runner that needs its backend library to start must find it here too. Its pid is
+    recorded (``exec`` keeps the shell's), so a runner that hangs at start can be killed."""
     return (f"cd {shlex.quote(workspace)} && export LD_LIBRARY_PATH=. ADSP_LIBRARY_PATH=. && "
-            f"{shlex.quote(runner_path(bundle))} --help 2>&1")
+            f"echo $$ > {HELP_PIDFILE} && exec {shlex.quote(runner_path(bundle))} --help 2>&1")
 
 
 def settle_dialect(bundle: Bundle, help_text: str, device: str, exit_code: int | None = None) -> Dialect:
