@@ -9,7 +9,9 @@ details (tracebacks, both samples of a point) are in ``<details>`` elements, whi
 from __future__ import annotations
 
 import html
+from pathlib import PurePosixPath
 from typing import Any
+from urllib.parse import quote
 
 from farm.report import plots
 from farm.report.qualification import (
@@ -109,17 +111,33 @@ def _plots(q: QualificationReport) -> str:
     return f'<div class="plots">{"".join(svgs)}</div>' if svgs else '<p class="note">no plots: nothing measured</p>'
 
 
+def _evidence(paths: list[str]) -> str:
+    """Links to a test's device evidence (logcat, tombstones, ...), relative to the report directory
+    the page is written in. Only plain relative paths are linked (a record is data: no scheme, no
+    absolute path, no ``..``); the rest are shown as text."""
+    links = []
+    for path in paths:
+        parts = PurePosixPath(path).parts
+        if path.startswith("/") or ".." in parts or "\\" in path or not parts:
+            links.append(f'<span class="mono">{e(path)}</span>')
+        else:
+            links.append(f'<a href="{e(quote(path, safe="/"))}">{e(parts[-1])}</a>')
+    return f'<div class="evidence">device evidence: {", ".join(links)}</div>' if links else ""
+
+
 def _problems(q: QualificationReport) -> str:
     out = []
     if q.failures:
         rows = [[td(r.soc or "-"), td(r.serial or "-"), f'<td class="mono">{e(r.name)}</td>',
-                 f"<td>{e(r.message)}{_details('details', r.details)}</td>"] for r in q.failures]
+                 f"<td>{e(r.message)}{_details('details', r.details)}{_evidence(r.evidence)}</td>"]
+                for r in q.failures]
         out.append("<h2>Failures (the code under test)</h2>"
                    + _table(["SoC", "device", "test", "message"], rows, raw=True))
     if q.errors:
         rows = [[td(r.soc or "-"), td(r.serial or "-"), f'<td class="mono">{e(r.name)}</td>',
                  td(error_label(r), "error"), td(len(r.attempts) + 1, "num"),
-                 f"<td>{e(r.message)}{_details('details', r.details)}</td>"] for r in q.errors]
+                 f"<td>{e(r.message)}{_details('details', r.details)}{_evidence(r.evidence)}</td>"]
+                for r in q.errors]
         out.append("<h2>Errors (no verdict: not failures of the code under test)</h2>"
                    + _table(["SoC", "device", "test", "kind", "attempts", "message"], rows, raw=True))
     return "".join(out)

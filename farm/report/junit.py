@@ -1,7 +1,10 @@
 """JUnit XML of a run: one ``<testsuite>`` per device, one file each under ``junit/``.
 
 Failures of the code under test are ``<failure>``; infrastructure errors and bad input are ``<error>``,
-with every spoiled attempt and its reason in ``system-err``.
+with every spoiled attempt and its reason in ``system-err``. A test's device evidence (logcat,
+tombstones, battery, thermal, the runner's output: farm.device.evidence) is listed there too, each file
+also as a ``[[ATTACHMENT|/absolute/path]]`` line of its own, the convention Jenkins' junit-attachments
+plugin (and the CI systems that copied it) reads from a test's output.
 
 JUnit is built with ElementTree rather than the junit-xml package, which cannot put ``<properties>``
 on a ``<testcase>`` (the serial, SoC, tok/s of each test live there, as pytest's own junitxml does).
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from pathlib import PurePosixPath
 from typing import Any
 
 from farm.results.records import TestRecord
@@ -33,6 +37,17 @@ def _text(value: Any) -> str:
 def _attempts_text(record: TestRecord) -> str:
     return "\n".join(f"attempt {i}: {a.serial or 'no device'}: {a.reason}"
                      for i, a in enumerate(record.attempts, 1))
+
+
+def _evidence_text(record: TestRecord, report_dir: str) -> str:
+    """The evidence files by their path in the report directory, then one attachment line each (an
+    absolute path when the report directory is known, as Jenkins wants; else the relative one)."""
+    where = f" in {report_dir}" if report_dir else ""
+    lines = [f"device evidence ({len(record.evidence)} files{where}):"]
+    lines += [f"  {path}" for path in record.evidence]
+    lines += [f"[[ATTACHMENT|{PurePosixPath(report_dir, path) if report_dir else path}]]"
+              for path in record.evidence]
+    return "\n".join(lines)
 
 
 def junit_suite(device: str, records: list[TestRecord], meta: dict[str, Any]) -> ET.Element:
@@ -70,8 +85,11 @@ def junit_suite(device: str, records: list[TestRecord], meta: dict[str, Any]) ->
             el.text = _text(r.details)
         elif r.outcome == Outcome.SKIPPED:
             ET.SubElement(case, "skipped", {"message": _text(r.message)})
-        if r.attempts:
-            ET.SubElement(case, "system-err").text = _text(_attempts_text(r))
+        err = [_attempts_text(r)] if r.attempts else []
+        if r.evidence:
+            err.append(_evidence_text(r, str(meta.get("report_dir") or "")))
+        if err:
+            ET.SubElement(case, "system-err").text = _text("\n".join(err))
     return suite
 
 

@@ -96,6 +96,9 @@ class TestRecord:
     properties: dict[str, str] = field(default_factory=dict)  # htp_arch, bundle, tok/s, ...
     finished_at: float = 0.0
     measurements: list[Measurement] = field(default_factory=list)
+    # The device's evidence of the test (logcat, tombstones, battery, thermal, the runner's output):
+    # paths relative to the report directory, ``evidence/<test>/<file>`` (farm.device.evidence).
+    evidence: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
