@@ -39,7 +39,7 @@ def _socket() -> str:
     return os.environ.get(SOCKET_ENV, DEFAULT_SOCKET)
 
 
-def _request(request: dict):
+def logd_request(request: dict):
     """The daemon's answers to one request, one dict per line."""
     with connect(_socket()) as sock:
         sock.sendall(json.dumps(request).encode() + b"\n")
@@ -184,11 +184,11 @@ def logcat(argv: list[str]) -> int:
     for spec in specs:
         filt.add(spec)
     if clear:
-        for _ in _request({"op": "clear", "buffers": buffers}):
+        for _ in logd_request({"op": "clear", "buffers": buffers}):
             pass
         return 0
     if sizes:
-        for answer in _request({"op": "size", "buffers": buffers}):
+        for answer in logd_request({"op": "size", "buffers": buffers}):
             limit = answer["limit"] // 1024
             for name, used in answer["sizes"].items():
                 print(f"{name}: ring buffer is {limit} KiB ({(used + 1023) // 1024} KiB consumed), "
@@ -197,7 +197,7 @@ def logcat(argv: list[str]) -> int:
     out = open(out_path, "a", encoding="utf-8") if out_path else sys.stdout  # noqa: SIM115
     seen: set[str] = set()
     try:
-        for e in _request({"op": "read", "buffers": buffers, "follow": not dump, **window}):
+        for e in logd_request({"op": "read", "buffers": buffers, "follow": not dump, **window}):
             if pid is not None and e["pid"] != pid:
                 continue
             if not filt.shows(e["tag"], e["prio"]):
@@ -231,7 +231,7 @@ def log(argv: list[str]) -> int:
                 raise Usage(f"unknown buffer '{value}'")
             buffer = value
     message = " ".join(words) if words else sys.stdin.read().rstrip("\n")
-    for _ in _request({"op": "write", "buffer": buffer, "prio": prio, "tag": tag, "msg": message,
+    for _ in logd_request({"op": "write", "buffer": buffer, "prio": prio, "tag": tag, "msg": message,
                        "pid": os.getpid(), "tid": os.getpid()}):
         pass
     return 0

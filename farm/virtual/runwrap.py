@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from farm.virtual.logcat import _request
+from farm.virtual.logcat import logd_request
 from farm.virtual.logd import CRASH_SIGNALS
 
 PR_SET_PDEATHSIG = 1
@@ -45,7 +45,7 @@ def _die_with_parent() -> None:
 
 def _send(request: dict) -> dict | None:
     try:
-        answers = list(_request(request))
+        answers = list(logd_request(request))
     except Exception:  # noqa: BLE001 - logging must never change the run
         return None
     return answers[0] if answers else None
