@@ -225,9 +225,18 @@ _HELP: dict[tuple[str, str], str] = {}
 _CANNOT_START: dict[tuple[str, frozenset[tuple[str, str]]], tuple[str, str | None, str]] = {}
 _HELP_LOCK = threading.Lock()
 # gflags prints --help before the runner loads anything: a runner silent this long hangs at start.
-HELP_TIMEOUT_S = 20.0
+# Generous: farm-llama-runner behind a wrapper takes seconds on a loaded host, and a slow help taken
+# for a hang would call a good bundle bad.
+HELP_TIMEOUT_S = 60.0
 ALIVE_TIMEOUT_S = 15.0  # the device must answer ``true`` in this long for a hang to be the runner's
 _LINKER = re.compile(r'CANNOT LINK EXECUTABLE "[^"]*": (.*)')
+# A library the runner loads while it runs (QNN's dlopen of libQnnHtp.so on a phone; on a virtual device
+# the host runner's executorch, which links libqnn_executorch_backend.so and finds the bundle's first):
+# bionic's ``dlopen failed: library "X" not found`` or ``"X" has bad ELF magic``, glibc's ``X: file too
+# short``, ``invalid ELF header``, ``wrong ELF class``, ``cannot open shared object file``.
+_LOADER = re.compile(r'dlopen failed: (?:library )?"([^"]+)"|'
+                     r'([^\s:"]+\.so(?:\.[\d.]+)?): (?:file too short|invalid ELF header|'
+                     r'wrong ELF class|cannot open shared object file)')
 
 
 class RunnerCannotStart(UsageError):
@@ -253,6 +262,9 @@ def start_failure(text: str, exit_code: int | None) -> tuple[str, str | None] | 
     if linked is not None:
         quoted = re.search(r'"([^"]+)"', linked.group(1))
         return "the dynamic linker refuses it", quoted.group(1) if quoted else None
+    library = library_failure(text)
+    if library is not None and exit_code != 0:
+        return "a library it loads is refused", library
     if exit_code in (126, 127):
         return f"the shell cannot run it (exit {exit_code})", None
     if exit_code is not None and exit_code > 128:
@@ -262,6 +274,13 @@ def start_failure(text: str, exit_code: int | None) -> tuple[str, str | None] | 
             return None
         return f"it was killed by {name} at start (exit {exit_code})", None
     return None
+
+
+def library_failure(text: str) -> str | None:
+    """The library a runner's output says could not be loaded (missing, not ELF, another machine's),
+    or None."""
+    found = _LOADER.search(text)
+    return (found.group(1) or found.group(2)) if found else None
 
 
 def _bundle_key(bundle: Bundle) -> frozenset[tuple[str, str]]:
@@ -291,7 +310,7 @@ def _ask_help(device: DeviceLike, bundle: Bundle, workspace: str, timeout: float
     answers is the runner's hang at start (killed, then ``RunnerCannotStart``); a device that does
     not answer either is the device's (the ``DeviceTimeout`` stands)."""
     try:
-        return device.shell(help_command(bundle, workspace), timeout=min(timeout, HELP_TIMEOUT_S))
+        return device.shell(help_command(bundle, workspace), timeout=timeout)
     except DeviceTimeout as timed_out:
         try:
             device.shell("true", timeout=ALIVE_TIMEOUT_S)
@@ -305,18 +324,17 @@ def _ask_help(device: DeviceLike, bundle: Bundle, workspace: str, timeout: float
                          f"true", timeout=KILL_TIMEOUT_S)
         except InfraError as e:
             log.warning("device %s: killing a hung --help failed: %s", device.serial, e)
-        seconds = min(timeout, HELP_TIMEOUT_S)
-        raise _cannot_start(device, bundle, f"its --help did not finish in {seconds:g} s while the "
+        raise _cannot_start(device, bundle, f"its --help did not finish in {timeout:g} s while the "
                             f"device answered (it hangs at start)", None, str(timed_out)) from None
 
 
-def runner_dialect(device: DeviceLike, bundle: Bundle, *, timeout: float = 60.0) -> Dialect:
+def runner_dialect(device: DeviceLike, bundle: Bundle, *, timeout: float = HELP_TIMEOUT_S) -> Dialect:
     """The dialect to drive the bundle's runner with on ``device`` (deployed already). A bundle of
     declared dialect ``host`` is the farm's own runner: taken as declared. Any other runner prints its
     ``--help`` once per device and runner build (cached for the process); ``auto`` takes the dialect
     it shows, a declaration it contradicts is a ``UsageError`` (farm.execute.runprofile.settle_dialect).
-    A runner that cannot start at all is ``RunnerCannotStart`` (see ``start_failure``), within
-    ``HELP_TIMEOUT_S`` when it hangs."""
+    A runner that cannot start at all is ``RunnerCannotStart`` (see ``start_failure``), after
+    ``timeout`` when it hangs."""
     if bundle.runner_dialect == Dialect.HOST:
         return Dialect.HOST
     runner = next((f for f in bundle.files if f.role == "runner" and f.name == bundle.runner), None)
@@ -392,6 +410,10 @@ def run(device: DeviceLike, bundle: Bundle, request: RunRequest, *, timeout: flo
         observers=parse_observers(shell.out), prompt_ids=prompt_ids, generated_ids=generated_ids,
         local_dir=local_dir)
     if shell.exit_code != 0:
+        library = library_failure(shell.out + shell.err)
+        if library is not None:  # the bundle's libraries, not the model: bad input, as at --help
+            raise _cannot_start(device, bundle, f"it exited {shell.exit_code}: a library it loads "
+                                f"is refused", library, stderr_tail(result))
         raise RunnerFailed(f"runner on {device.serial} exited {shell.exit_code}: "
                            f"{stderr_tail(result)}", result)
     check_complete(result, command)

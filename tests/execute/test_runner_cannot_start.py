@@ -19,7 +19,14 @@ from farm.device.discovery import find_device
 from farm.errors import InfraError, UsageError
 from farm.execute import run as run_mod
 from farm.execute.deploy import bundle_workspace, deploy
-from farm.execute.run import RunnerCannotStart, run, runner_dialect, start_failure
+from farm.execute.run import (
+    RunnerCannotStart,
+    RunnerFailed,
+    library_failure,
+    run,
+    runner_dialect,
+    start_failure,
+)
 from farm.execute.runprofile import RunRequest
 from farm.results.outcome import blames_device, classify
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
@@ -56,6 +63,19 @@ BROKEN_RUNNERS = {
 ])
 def test_a_runner_that_cannot_start_is_told_by_its_help(text, code, reason, culprit):
     assert start_failure(text, code) == (reason, culprit)
+
+
+@pytest.mark.parametrize("text,library", [
+    # glibc, under the host runner (its executorch links libqnn_executorch_backend.so)
+    ("ImportError: ./libqnn_executorch_backend.so: file too short\n", "./libqnn_executorch_backend.so"),
+    ("OSError: /ws/libQnnHtp.so: invalid ELF header\n", "/ws/libQnnHtp.so"),
+    ("libfoo.so.1: cannot open shared object file: No such file or directory\n", "libfoo.so.1"),
+    # bionic, QNN opening its libraries while the model loads
+    ('E QnnDsp: dlopen failed: library "libQnnHtpV75Stub.so" not found\n', "libQnnHtpV75Stub.so"),
+    ("fake runner: cannot load model\n", None),
+])
+def test_a_library_that_cannot_be_loaded_is_named(text, library):
+    assert library_failure(text) == library
 
 
 @pytest.mark.parametrize("text,code", [
@@ -105,8 +125,8 @@ def test_a_broken_runner_is_bad_input_naming_runner_file_and_message(device, kin
     bundle = bundle_mod.load(manifest)
     deploy(dev, bundle)
     started = time.monotonic()
-    with pytest.raises(UsageError) as caught:
-        run(dev, bundle, RunRequest(prompts=["hi"]), timeout=60)
+    with pytest.raises(UsageError) as caught:  # the --help of a hang is given 10 s, not 60
+        run(dev, bundle, RunRequest(prompts=["hi"]), timeout=60, io_timeout=10)
     elapsed = time.monotonic() - started
     error = caught.value
     assert isinstance(error, RunnerCannotStart) and not isinstance(error, InfraError)
@@ -117,7 +137,7 @@ def test_a_broken_runner_is_bad_input_naming_runner_file_and_message(device, kin
     assert culprit in message and said in message and error.culprit == culprit
     if kind.startswith("backend"):  # the file the linker names is the bundle's, with its host path
         assert str(manifest.parent / "libqnn_executorch_backend.so") in message
-    # Bounded by the help's own timeout, never the 60 s of a device call (nor three of them).
+    # Bounded by the help's own timeout: one question, never retried.
     assert elapsed < 60
     ws = Path(bundle_workspace(dev, bundle))
     assert not (ws / "runs").exists() or not list((ws / "runs").iterdir())  # no run was started
@@ -145,7 +165,7 @@ def test_a_hung_help_is_killed_on_the_device(device):
     deploy(dev, bundle)
     run_mod._CANNOT_START.clear()
     with pytest.raises(RunnerCannotStart):
-        runner_dialect(dev, bundle)
+        runner_dialect(dev, bundle, timeout=10)
     ws = bundle_workspace(dev, bundle)
     # Every process still working in the workspace: the hung runner and its children, if any.
     left = dev.shell(f"for p in /proc/[0-9]*; do [ \"$(readlink $p/cwd 2>/dev/null)\" = {ws} ] && "
@@ -173,7 +193,7 @@ def test_a_device_that_stops_answering_during_help_stays_an_infra_error(device, 
             raise DeviceTimeout(f"device {dev.serial}: no answer to {command[:40]}", serial=dev.serial)
 
     with pytest.raises(DeviceTimeout) as caught:
-        runner_dialect(Dead(), bundle)
+        runner_dialect(Dead(), bundle, timeout=10)
     assert blames_device(caught.value)
 
 
@@ -181,8 +201,8 @@ def test_a_device_that_stops_answering_during_help_stays_an_infra_error(device, 
 
 def test_qualifying_a_bundle_whose_runner_hangs_is_bad_input_and_the_device_stays_available(tmp_path):
     """The smoke suite against a bundle whose runner hangs at start, on one virtual SM8650: every
-    test that needs the runner is a bad-input error naming it (the first after one help timeout, the
-    rest at once), the run's verdict is bad input, nothing is re-run and the device is neither
+    test that needs the runner is a bad-input error naming it (the first after one help timeout of
+    60 s, the rest at once), the run's verdict is bad input, nothing is re-run and the device is neither
     quarantined nor charged an infrastructure failure."""
     from farm.cli.qualify import exit_code as qualify_exit_code
     from farm.exitcodes import ExitCode
@@ -218,3 +238,34 @@ def test_qualifying_a_bundle_whose_runner_hangs_is_bad_input_and_the_device_stay
             assert device.state == "available" and device.infra_failures == 0
             assert "infra_failure" not in [e.kind for e in pool.history(serial=record.serial)]
     assert elapsed < 600  # one help timeout, not three probes, a quarantine and a lease wait
+
+
+# -- at run time: a library the runner loads while it runs ---------------------------------------------
+
+LOADS_A_BROKEN_LIBRARY = """#!/bin/sh
+if [ "$1" = --help ]; then printf '    -kv_updater (How to update kv cache) type: string default: ""\\n'; exit 1; fi
+echo 'ImportError: ./libqnn_executorch_backend.so: file too short' >&2
+exit 1
+"""
+FAILS_ON_ITS_OWN = LOADS_A_BROKEN_LIBRARY.replace(
+    "ImportError: ./libqnn_executorch_backend.so: file too short", "runner: cannot load model")
+
+
+@pytest.mark.parametrize("script,error", [(LOADS_A_BROKEN_LIBRARY, RunnerCannotStart),
+                                          (FAILS_ON_ITS_OWN, RunnerFailed)])
+def test_a_run_refused_a_library_is_bad_input_other_exits_are_failures(tmp_path, script, error):
+    """A runner that starts (its --help is fine) but whose run stops at a library the loader refuses
+    (the host runner's executorch importing the workspace's libqnn_executorch_backend.so, QNN's
+    dlopen of libQnnHtp.so) is the bundle's fault; any other non-zero exit stays the runner's."""
+    from tests.support.fake_device import FakeDevice
+
+    bundle = bundle_mod.load(make_qnn_bundle(tmp_path / "bundle", name="loads", dialect="qnn-v1.0"))
+    device = FakeDevice(tmp_path / "device", serial="fake-loader")
+    deploy(device, bundle)
+    (Path(bundle_workspace(device, bundle)) / bundle.runner).write_text(script)
+    with pytest.raises(error) as caught:
+        run(device, bundle, RunRequest(prompts=["hi"]), timeout=60)
+    if error is RunnerCannotStart:
+        assert caught.value.culprit == "libqnn_executorch_backend.so"
+        assert "a library it loads is refused" in str(caught.value)
+        assert str(tmp_path / "bundle" / "libqnn_executorch_backend.so") in str(caught.value)
