@@ -104,7 +104,7 @@ ROWS: list[Row] = [
      lambda w: ["run", str(w.qnn), "--serial", w.serial, "--prompt", "hi", "--seq-len", "1000",
                 "--config", str(w.config)], None),
     ("run-host-runner-bad-input", ExitCode.BAD_INPUT,
-     lambda w: ["run", str(w.host), "--serial", w.serial, "--prompt", "hi", "--seq-len", "1000",
+     lambda w: ["run", str(w.host), "--serial", w.serial, "--prompt", "hi", "--seq-len", "4",
                 "--config", str(w.config)], None),
     ("pool-release-unknown-token", ExitCode.BAD_INPUT,
      lambda w: ["pool", "release", "0" * 32, "--url", w.pool_url], None),
@@ -128,7 +128,7 @@ EXPECTED = {  # the reason, where another path could give the same code
     "run-seq-len-past-context": "--seq-len: 1000 exceeds the context of bundle 'ctx128' (128 tokens, "
                                 "manifest field model.max_seq_len) [UsageError]",
     "run-host-runner-bad-input": "the runner refused the request: farm-llama-runner: error: --seq_len: "
-                                 "1000 exceeds the model's context length",
+                                 "sequence length exceeded - please increase the seq_len value",
     "pool-status-interrupted": "farm: interrupted",
 }
 
