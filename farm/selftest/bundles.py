@@ -23,6 +23,10 @@ STAND_IN_RUNNER = r'''#!/usr/bin/env python3
 import json, sys
 BEHAVIOUR = {behaviour!r}
 args = sys.argv[1:]
+if args == ["--help"]:  # it starts like v1.0.1's runner: whatever it does wrong, it does in a run
+    print("    -kv_updater (How to update kv cache. Choose between SmartMask and ShiftPointer) "
+          "type: string default: \"SmartMask\"")
+    sys.exit(1)
 opts = {{args[i]: args[i + 1] for i in range(0, len(args) - 1, 2) if args[i].startswith("--")}}
 if opts.get("--prompt") == "HANG":
     import time

@@ -311,8 +311,9 @@ def runner_hangs(lab: Lab) -> Observation:
         hung, good = devices
         lab.vf.set_faults(hung.serial, hang_commands="farm-llama-runner")
         lab.touch(good.serial)  # the pool hands out the least recently used device: the hung one
-        return "the runner never finishes (hang fault), --farm-run-timeout 5"
-    obs = _retry_elsewhere(lab, inject, victim_offline=False, args=("--farm-run-timeout", "5"))
+        return "the runner never finishes (hang fault), --farm-run-timeout 15"
+    # Long enough for the good device's run on a loaded 2-core host (5 s was not, beside a full run).
+    obs = _retry_elsewhere(lab, inject, victim_offline=False, args=("--farm-run-timeout", "15"))
     # The hung device stays usable: its runner was killed.
     for d in lab.vf.devices:
         lab.vf.clear_faults(d.serial)
