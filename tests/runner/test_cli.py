@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 
 from farm.runner import main as runner_main
-from tests.support.runner import paths
 
 
 def run_cli(argv, cwd, capsys):
@@ -17,16 +15,6 @@ def run_cli(argv, cwd, capsys):
         runner_main.main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return exc.value.code, out, err
-
-
-@pytest.fixture()
-def kv(tiny_bundle):
-    return paths(tiny_bundle, "kv")
-
-
-@pytest.fixture()
-def hybrid(tiny_bundle):
-    return paths(tiny_bundle, "hybrid")
 
 
 def test_gflags_spellings(kv, tmp_path, capsys, monkeypatch):

@@ -21,7 +21,7 @@ from farm.model.llama import eager_generate
 from farm.model.template import FAMILIES, format_prompt
 from farm.runner import main as runner_main
 from farm.runner.engine import OBSERVER_KEYS, Stats, cpp_double
-from tests.support.runner import make_runner, paths
+from tests.support.runner import make_runner
 
 CONTEXT = 128  # the tiny reference model's context length
 
@@ -36,16 +36,6 @@ def run_cli(argv, capsys):
 def observers(stdout: str) -> list[tuple[str, dict]]:
     return [(line, json.loads(line.split(" ", 1)[1])) for line in stdout.splitlines()
             if line.startswith("PyTorchObserver ")]
-
-
-@pytest.fixture()
-def kv(tiny_bundle):
-    return paths(tiny_bundle, "kv")
-
-
-@pytest.fixture()
-def hybrid(tiny_bundle):
-    return paths(tiny_bundle, "hybrid")
 
 
 @pytest.fixture()

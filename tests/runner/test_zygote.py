@@ -22,7 +22,6 @@ import pytest
 
 from farm import procs
 from farm.runner import zygote as zygote_mod
-from tests.support.runner import paths
 
 HEAVY = ("torch", "numpy", "executorch")
 # The client, as the console script runs it, plus a record of sys.modules at its exit.
@@ -52,11 +51,6 @@ def zygote(tmp_path_factory):
         assert proc.returncode == 0 and log.read_text() == "", log.read_text()
     finally:
         procs.stop_child(proc, grace=1)
-
-
-@pytest.fixture()
-def kv(tiny_bundle):
-    return paths(tiny_bundle, "kv")
 
 
 class Run:
