@@ -72,7 +72,10 @@ def write_reports(records: list[TestRecord], out_dir: Path, meta: dict[str, Any]
     """Write the report directory atomically (replacing an older one) and return its path."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    meta = complete_meta(records, meta)
+    # Where this copy is written is for the JUnit's attachment paths only: the run itself (results.json,
+    # the results store) is the same wherever its report lands.
+    report_dir = meta.get("report_dir")
+    meta = complete_meta(records, {k: v for k, v in meta.items() if k != "report_dir"})
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         by_device: dict[str, list[TestRecord]] = {}
@@ -80,7 +83,8 @@ def write_reports(records: list[TestRecord], out_dir: Path, meta: dict[str, Any]
             by_device.setdefault(device_key(r), []).append(r)
         (staging / "junit").mkdir()
         for device, rows in sorted(by_device.items()):
-            tree = ET.ElementTree(junit_suite(device, rows, meta))
+            tree = ET.ElementTree(junit_suite(device, rows, {**meta, "report_dir": report_dir}
+                                              if report_dir else meta))
             ET.indent(tree)
             tree.write(staging / "junit" / f"{safe_file_name(device)}.xml", encoding="utf-8",
                        xml_declaration=True)
