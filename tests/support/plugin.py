@@ -71,3 +71,18 @@ def write_cases(path: Path, text: str) -> Path:
 
 def explain(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+
+
+# A test file whose first attempt meets an infrastructure error on its device (FIRST_MARKER names
+# the file that records which device), and whose re-run passes.
+FLAKY_ONCE = """
+import os
+from farm.errors import AdbError
+
+def test_flaky_once(device):
+    marker = os.environ["FIRST_MARKER"]
+    if not os.path.exists(marker):  # the first attempt meets an infrastructure error on its device
+        with open(marker, "w") as f:
+            f.write(device.serial)
+        raise AdbError("adb: transport reset mid-command (injected by the test)", serial=device.serial)
+"""
