@@ -85,13 +85,23 @@ def read_pid_file(path: Path) -> int | None:
 
 # --- ownership ------------------------------------------------------------------------------------
 
+EXEC_SETTLE_S = 0.5  # how long an empty command line may last before it is believed
+
+
 def cmdline(pid: int) -> list[str] | None:
     """The command line of a running process; None when there is none (gone, a zombie, not ours to
-    read)."""
-    try:
-        return psutil.Process(pid).cmdline() or None
-    except (psutil.Error, ValueError):  # NoSuchProcess, ZombieProcess, AccessDenied; pid < 0
-        return None
+    read). A process in the middle of an execve reads as an empty command line for a moment (a
+    virtual device re-executes itself to reboot): that is re-read, not taken for a gone process,
+    which on a loaded host turned a reboot into 'did not come back'."""
+    deadline = time.monotonic() + EXEC_SETTLE_S
+    while True:
+        try:
+            args = psutil.Process(pid).cmdline()
+        except (psutil.Error, ValueError):  # NoSuchProcess, ZombieProcess, AccessDenied; pid < 0
+            return None
+        if args or time.monotonic() >= deadline:  # a kernel thread stays empty: not ours
+            return args or None
+        time.sleep(0.002)
 
 
 def cmdline_has(*runs: Sequence[str]) -> Owned:

@@ -285,10 +285,12 @@ class VirtualFarm:
             run.update(_read_run(dev.root))
             return run.get("boot") not in (None, before)
 
-        if not procs.wait_until(lambda: rebooted() or not is_device_process(dev.pid, dev.root),
-                                timeout) or not is_device_process(dev.pid, dev.root):
-            raise InfraError(f"virtual device {dev.serial} did not come back from reboot within "
-                             f"{timeout:g}s; log: {dev.root / DEVICE_LOG}: "
+        came_back = procs.wait_until(lambda: rebooted() or not is_device_process(dev.pid, dev.root),
+                                     timeout)
+        if not came_back or not is_device_process(dev.pid, dev.root):
+            what = (f"did not come back from reboot within {timeout:g}s" if not came_back
+                    else "exited during its reboot")
+            raise InfraError(f"virtual device {dev.serial} {what}; log: {dev.root / DEVICE_LOG}: "
                              f"{procs.log_tail(dev.root / DEVICE_LOG)}", serial=dev.serial)
         new = VirtualDeviceProcess(serial=dev.serial, port=dev.port, pid=int(run["pid"]), root=dev.root,
                                    soc=dev.soc, serialno=dev.serialno,

@@ -148,3 +148,29 @@ def test_kill_group_of_nothing_is_false():
     proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     proc.wait()
     assert procs.kill_group(proc.pid) is False
+
+
+
+# Re-executes itself N times (as a virtual device's reboot does), then sleeps a moment.
+EXEC_LOOP = ("import os, sys, time\n"
+             "n = int(sys.argv[1])\n"
+             "if n > 0:\n"
+             "    os.execv(sys.executable, [sys.executable, __file__, str(n - 1), sys.argv[2]])\n"
+             "time.sleep(0.2)\n")
+
+
+def test_a_process_in_the_middle_of_an_execve_is_still_ours(tmp_path, reap):
+    """Between the old image and the new one the kernel shows an empty command line; polling
+    ownership through a chain of execs must never see the process as gone while it runs."""
+    script = tmp_path / "exec_loop.py"
+    script.write_text(EXEC_LOOP)
+    proc = subprocess.Popen([sys.executable, str(script), "100", "exec-loop-tag"])
+    reap(proc)
+    owned = procs.cmdline_has(["exec-loop-tag"])
+    checks = wrong = 0
+    while proc.poll() is None:
+        checks += 1
+        if not procs.is_ours(proc.pid, owned) and proc.poll() is None:
+            wrong += 1
+    assert proc.returncode == 0
+    assert checks > 100 and wrong == 0
