@@ -4,19 +4,30 @@ Upstream has no test comparing the two updaters; this is the farm's own correctn
 token ids when the runner writes them (the host runner does) and the output text bytes otherwise (a
 stock qnn_llama_runner writes only outputs.txt). Two empty outputs (no text, or no generated token
 ids) are never an agreement: a runner that produced nothing has not shown anything.
+
+Where both runs dumped their logits (``--dump_logits_path``, eval_mode 0), the logits are compared
+too, row by row: identical inputs must give identical logits, so a divergence shows in them before
+it flips an argmax. Equal up to ``logits_tolerance_ulp`` (the rounding of the layouts' different
+summation order); the largest difference and the first step that differs are reported either way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 from farm.bundle.manifest import Bundle
 from farm.device.protocol import DeviceLike
-from farm.execute.run import RunResult, run
+from farm.execute.run import RunResult, run, takes_flag
 from farm.execute.runprofile import RunRequest
 from farm.vocab import Updater
 
+if TYPE_CHECKING:
+    from farm.runner.logits import LogitsDiff
+
 UPDATER_PAIR: tuple[Updater, Updater] = (Updater.SMART_MASK, Updater.SHIFT_POINTER)
+LOGITS_TOLERANCE_ULP = 2
 
 
 @dataclass
@@ -26,6 +37,9 @@ class Comparison:
     prompt: str
     seq_len: int
     results: dict[str, RunResult] = field(default_factory=dict)
+    # Measured on the reference model (kv, 3 prompts to the end of its context): the layouts differ
+    # by at most 1 ulp of a row's largest logit (their summation order); 2 leaves room for one more.
+    logits_tolerance_ulp: int = LOGITS_TOLERANCE_ULP
 
     @property
     def compared_by(self) -> str:
@@ -46,11 +60,72 @@ class Comparison:
         return [u for u in UPDATER_PAIR if u in seqs and not seqs[u]]
 
     @property
-    def agree(self) -> bool:
+    def tokens_agree(self) -> bool:
         if self._missing() or self._empty():
             return False  # nothing produced is never an agreement
         seqs = list(self._sequences().values())
         return len(seqs) == len(UPDATER_PAIR) and all(s == seqs[0] for s in seqs)
+
+    @property
+    def agree(self) -> bool:
+        return self.tokens_agree and self.logits_problem() is None
+
+    def logits_dumped(self) -> list[str]:
+        return [u for u in UPDATER_PAIR if u in self.results and self.results[u].logits is not None]
+
+    @cached_property
+    def _logits(self) -> tuple[LogitsDiff | None, str | None]:
+        if self._missing() or len(self.logits_dumped()) < len(UPDATER_PAIR):
+            return None, None
+        from farm.runner.logits import LogitsDumpError, diff_logits, read_logits_bytes  # noqa: PLC0415
+        try:
+            a, b = (read_logits_bytes(self.results[u]) for u in UPDATER_PAIR)
+            return diff_logits(a, b, tolerance_ulp=self.logits_tolerance_ulp), None
+        except LogitsDumpError as e:  # the runner's output is malformed: a failure, never a pass
+            return None, str(e)
+
+    @property
+    def logits(self) -> LogitsDiff | None:
+        """The row-by-row difference of both runs' logits; None unless both dumped readable ones."""
+        return self._logits[0]
+
+    def logits_problem(self) -> str | None:
+        """Why the logits do not agree; None when they do or neither run dumped them."""
+        dumped = self.logits_dumped()
+        if not dumped:
+            return None
+        if len(dumped) < len(UPDATER_PAIR):  # asked of both; one without is not evidence of sameness
+            return f"only {dumped[0]} dumped its logits"
+        d, unreadable = self._logits
+        if unreadable:
+            return f"the logits cannot be compared: {unreadable}"
+        if d is None or d.identical:
+            return None
+        if d.first_differing_row is None:
+            return f"{UPDATER_PAIR[0]} dumped {d.rows[0]} logits rows and {UPDATER_PAIR[1]} {d.rows[1]}"
+        return (f"their logits differ from {self.step_name(d.first_differing_row)} on: max |diff| "
+                f"{d.max_abs_diff:.6g} ({d.max_ulp} ulp, tolerance {d.tolerance_ulp})")
+
+    def step_name(self, row: int) -> str:
+        """A logits row as the run's step: prompt token i, or decode step j (eval_mode 0: one row each)."""
+        observer = self.results[UPDATER_PAIR[0]].observer or {}
+        n_prompt = observer.get("prompt_tokens")
+        if isinstance(n_prompt, int) and row >= n_prompt:
+            return f"decode step {row - n_prompt}"
+        return f"prompt token {row}" if isinstance(n_prompt, int) else f"row {row}"
+
+    def logits_summary(self) -> str:
+        """One line for the report: how close the logits are, or why they were not compared."""
+        dumped = self.logits_dumped()
+        if not dumped:
+            return "not dumped"
+        d, unreadable = self._logits
+        if d is None:
+            return unreadable or f"only {dumped[0]} dumped"
+        where = "no difference" if d.first_changed_row is None else \
+            f"first difference at {self.step_name(d.first_changed_row)}"
+        return (f"{d.rows_compared} rows, max |diff| {d.max_abs_diff:.6g} ({d.max_ulp} ulp, "
+                f"tolerance {d.tolerance_ulp}); {where}")
 
     def first_divergence(self) -> int | None:
         if self._missing():
@@ -70,13 +145,17 @@ class Comparison:
             which = "both" if len(empty) == len(UPDATER_PAIR) else empty[0]
             return (f"{' and '.join(UPDATER_PAIR)} do not agree {where}: {which} produced no {unit} "
                     f"(empty outputs are never an agreement)")
-        if self.agree:
+        if self.tokens_agree:
             n = len(self._sequences()[UPDATER_PAIR[0]])
-            return f"{' and '.join(UPDATER_PAIR)} agree on {n} {self.compared_by.split()[-1]}"
+            said = f"{' and '.join(UPDATER_PAIR)} agree on {n} {self.compared_by.split()[-1]}"
+            if problem := self.logits_problem():
+                return f"{said} {where}, but {problem}"
+            return said if not self.logits_dumped() else f"{said}; logits: {self.logits_summary()}"
         i = self.first_divergence()
         a, b = (self._sequences()[u] for u in UPDATER_PAIR)
-        return (f"{UPDATER_PAIR[0]} and {UPDATER_PAIR[1]} diverge at {self.compared_by} index {i} "
+        said = (f"{UPDATER_PAIR[0]} and {UPDATER_PAIR[1]} diverge at {self.compared_by} index {i} "
                 f"{where}: {a[i:i + 5]!r} vs {b[i:i + 5]!r}")
+        return said if not self.logits_dumped() else f"{said}; logits: {self.logits_summary()}"
 
     def tok_s(self) -> dict[str, float | None]:
         return {u: r.tokens_per_s for u, r in self.results.items()}
@@ -86,9 +165,16 @@ def compare_updaters(device: DeviceLike, bundle: Bundle, *, mode: str, prompt: s
                      timeout: float = 600.0, base: RunRequest | None = None) -> Comparison:
     """Run the same greedy request with both updaters on one device (bundle already deployed)."""
     request = base or RunRequest(prompts=[prompt])
-    request = replace(request, prompts=[prompt], mode=mode, seq_len=seq_len, temperature=0.0)
+    request = replace(request, prompts=[prompt], mode=mode, seq_len=seq_len, temperature=0.0,
+                      dump_logits=can_dump_logits(device, bundle, mode))
     comparison = Comparison(serial=device.serial, mode=mode, prompt=prompt, seq_len=seq_len)
     for updater in UPDATER_PAIR:
         comparison.results[updater] = run(device, bundle, replace(request, updater=updater),
                                           timeout=timeout)
     return comparison
+
+
+def can_dump_logits(device: DeviceLike, bundle: Bundle, mode: str) -> bool:
+    """Whether a run of ``mode`` can dump its logits: eval_mode 0 (upstream refuses the flag in any
+    other) and a runner that lists --dump_logits_path."""
+    return bundle.modes[mode].eval_mode == 0 and takes_flag(device, bundle, "dump_logits_path")

@@ -42,6 +42,7 @@ from farm.execute.runprofile import (
     RunRequest,
     build_command,
     help_command,
+    help_flags,
     help_names_dialect,
     kill_command,
     runner_path,
@@ -74,6 +75,8 @@ class RunResult:
     prompt_ids: list[int] | None = None
     generated_ids: list[int] | None = None
     local_dir: Path | None = None
+    logits: bytes | None = field(default=None, repr=False)  # --dump_logits_path's file, when asked
+    logits_dtype: str | None = None  # its element type: the host runner's float32, a phone's uint16
 
     @property
     def observer(self) -> dict[str, Any] | None:
@@ -92,6 +95,7 @@ class RunResult:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         del d["text_bytes"]  # JSON has no bytes; ``text`` carries the content
+        del d["logits"]  # megabytes of binary: kept in local_dir when one is given
         d["local_dir"] = str(self.local_dir) if self.local_dir else None
         d["decode_tok_s"] = self.decode_tok_s
         d["prefill_tok_s"] = self.prefill_tok_s
@@ -199,6 +203,25 @@ def check_complete(result: RunResult, command: RunnerCommand) -> None:
             f"{command.out_dir} ({result.mode}/{result.updater}); stderr: {tail}",
             serial=result.serial, exit_code=result.exit_code, missing=missing, stderr_tail=tail,
             result=result)
+
+
+def logits_dtype(dialect: Dialect) -> str:
+    """The element type of a dump by this dialect's runner (farm/runner/logits.py: the host runner
+    writes its model's float32 logits, qnn_llama_runner the QNN model's quantized uint16)."""
+    return "float32" if dialect == Dialect.HOST else "uint16"
+
+
+def takes_flag(device: DeviceLike, bundle: Bundle, flag: str) -> bool:
+    """Whether the bundle's runner on ``device`` takes ``--flag``: a host-dialect runner (the host
+    runner, or a wrapper around it) every flag of farm/runner/cli.py, any other what its ``--help``
+    lists (asked once by ``runner_dialect``)."""
+    if runner_dialect(device, bundle) == Dialect.HOST:
+        from farm.runner.cli import FLAGS  # noqa: PLC0415 (light: the host runner's flag table)
+        return any(f.name == flag for f in FLAGS)
+    runner = next((f for f in bundle.files if f.role == "runner" and f.name == bundle.runner), None)
+    with _HELP_LOCK:
+        text = _HELP.get((device.serial, runner.sha256 if runner else "host-runner"))
+    return text is not None and flag in help_flags(text)
 
 
 def new_out_name() -> str:
@@ -408,7 +431,8 @@ def run(device: DeviceLike, bundle: Bundle, request: RunRequest, *, timeout: flo
         duration_s=duration, text=text("outputs"), text_bytes=files.get("outputs"),
         tokens_per_s=parse_speed(text("speed")),
         observers=parse_observers(shell.out), prompt_ids=prompt_ids, generated_ids=generated_ids,
-        local_dir=local_dir)
+        local_dir=local_dir, logits=files.get("logits"),
+        logits_dtype=logits_dtype(dialect) if "logits" in command.outputs else None)
     if shell.exit_code != 0:
         library = library_failure(shell.out + shell.err)
         if library is not None:  # the bundle's libraries, not the model: bad input, as at --help

@@ -38,6 +38,7 @@ DIALECT_UPDATERS: dict[Dialect, tuple[Updater, ...]] = {d: d.updaters for d in D
 OUTPUTS = "outputs.txt"
 SPEED = "inference_speed.txt"
 TOKEN_IDS = "token_ids.json"
+LOGITS = "logits.bin"  # --dump_logits_path: farm/runner/logits.py has upstream's layout
 PIDFILE = "runner.pid"
 # adb carries the command in the service name of an OPEN packet; stay well under every adbd's limit.
 MAX_COMMAND_BYTES = 60_000
@@ -53,6 +54,8 @@ class RunRequest:
     temperature: float = 0.0
     num_iters: int = 1
     seed: int | None = None
+    # --dump_logits_path: every step's logits (upstream takes it with --eval_mode 0 only)
+    dump_logits: bool = False
     extra_args: list[str] = field(default_factory=list)  # appended verbatim (quoted) for new flags
 
     def check(self) -> None:
@@ -217,6 +220,13 @@ def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str,
         argv.append("--shared_buffer")
     else:
         argv += ["--kv_updater", request.updater]
+    if request.dump_logits:
+        if mode.eval_mode != 0:  # qnn_llama_runner.cpp:247-251 refuses it in any other mode
+            raise UsageError(f"run request: logits are dumped only in eval_mode 0 (upstream's "
+                             f"runner refuses --dump_logits_path otherwise); mode {request.mode!r} is "
+                             f"eval_mode {mode.eval_mode}")
+        argv += ["--dump_logits_path", posixpath.join(out_rel, LOGITS)]
+        outputs["logits"] = LOGITS
     if dialect == Dialect.HOST:
         argv += ["--token_ids_path", posixpath.join(out_rel, TOKEN_IDS)]
         outputs["token_ids"] = TOKEN_IDS

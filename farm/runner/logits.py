@@ -79,30 +79,78 @@ def read_logits_dump(path: str | Path, *, vocab_size: int | None = None, n_rows:
     return rows
 
 
+def read_logits_bytes(result) -> np.ndarray:
+    """A run's dump (``RunResult.logits``, of ``RunResult.logits_dtype``) as ``[rows, vocab]``: in
+    eval_mode 0 one row per prompt token and decode step, so prompt_tokens + generated_tokens of
+    its observer lines give the row count."""
+    dtype = np.dtype(result.logits_dtype or HOST_DTYPE)
+    n_rows = sum(o.get("prompt_tokens", 0) + o.get("generated_tokens", 0) for o in result.observers)
+    raw = result.logits or b""
+    where = f"logits of the {result.updater} run on {result.serial}"
+    if len(raw) % dtype.itemsize or not n_rows or len(raw) // dtype.itemsize % n_rows:
+        raise LogitsDumpError(f"{where}: {len(raw)} bytes are not {n_rows} whole rows of {dtype.name} "
+                              f"(prompt_tokens + generated_tokens of its observer lines)")
+    return np.frombuffer(raw, dtype=dtype).reshape(n_rows, -1)
+
+
 @dataclass(frozen=True)
 class LogitsDiff:
-    """How two dumps of the same run differ: identical inputs must give identical logits."""
+    """How two dumps of the same run differ: identical inputs must give identical logits, up to the
+    rounding of a different summation order (the two KV layouts attend over the same entries in
+    other positions: 1 ulp at the reference model's ~1e4 logits, where its argmax margin can be
+    0.0016). Distances are in units in the last place of the dump's type (for a quantized dump, its
+    steps), so one tolerance fits logits of any size."""
 
     rows_compared: int
     max_abs_diff: float  # over the rows compared
-    first_differing_row: int | None  # the first row with any |diff| > tolerance; None if none
+    first_differing_row: int | None  # the first row with a difference over the tolerance; None if none
     rows: tuple[int, int]  # each dump's row count: a different count is a difference too
+    max_ulp: int = 0  # the largest distance in ulp (a quantized dump: steps) over the rows compared
+    first_changed_row: int | None = None  # the first row with any difference at all
+    tolerance_ulp: int = 0  # what first_differing_row was judged with
 
     @property
     def identical(self) -> bool:
         return self.first_differing_row is None and self.rows[0] == self.rows[1]
 
 
-def diff_logits(a: np.ndarray, b: np.ndarray, tolerance: float = 0.0) -> LogitsDiff:
-    """Compare two ``[rows, vocab]`` dumps row by row, over the rows both have."""
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Element-wise distance of two ``[rows, vocab]`` dumps (int64) in units in the last place of
+    each row's largest logit: the rounding of a different summation order scales with the row's
+    magnitude, not with each element's (a 0.001 difference beside a 1e4 logit is 1 ulp there, and
+    millions of ulp of a logit near 0). For an integer (quantized) dump, the difference in steps.
+    A NaN on one side only is the largest distance, NaN on both none."""
+    if np.issubdtype(a.dtype, np.integer) and np.issubdtype(b.dtype, np.integer):
+        return np.abs(a.astype(np.int64) - b.astype(np.int64))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        scale = np.fmax(np.nanmax(np.abs(a64), axis=1, initial=0.0),
+                        np.nanmax(np.abs(b64), axis=1, initial=0.0))
+        unit = np.spacing(scale.astype(np.float32)).astype(np.float64)[:, None]
+        dist = np.nan_to_num(np.abs(a64 - b64) / unit, nan=0.0, posinf=np.inf)
+    big = float(np.iinfo(np.int64).max // 2)
+    dist = np.ceil(np.minimum(dist, big)).astype(np.int64)
+    nan_a, nan_b = np.isnan(a64), np.isnan(b64)
+    dist[nan_a != nan_b] = np.iinfo(np.int64).max
+    dist[nan_a & nan_b] = 0
+    return dist
+
+
+def diff_logits(a: np.ndarray, b: np.ndarray, tolerance: float = 0.0,
+                tolerance_ulp: int = 0) -> LogitsDiff:
+    """Compare two ``[rows, vocab]`` dumps row by row, over the rows both have. An element differs
+    when it is more than ``tolerance`` apart and more than ``tolerance_ulp`` ulp apart."""
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
         raise LogitsDumpError(f"logits of shapes {a.shape} and {b.shape} cannot be compared")
     n = min(len(a), len(b))
     if n == 0:
-        return LogitsDiff(0, 0.0, None, (len(a), len(b)))
+        return LogitsDiff(0, 0.0, None, (len(a), len(b)), tolerance_ulp=tolerance_ulp)
     diff = np.abs(a[:n].astype(np.float64) - b[:n].astype(np.float64))
     diff[np.isnan(diff)] = np.inf  # a NaN on one side only is a difference, NaN on both is not
     diff[np.isnan(a[:n]) & np.isnan(b[:n])] = 0.0
-    worst = diff.max(axis=1)
-    over = np.flatnonzero(worst > tolerance)
-    return LogitsDiff(n, float(worst.max()), int(over[0]) if len(over) else None, (len(a), len(b)))
+    ulps = ulp_distance(a[:n], b[:n])
+    over = np.flatnonzero(((diff > tolerance) & (ulps > tolerance_ulp)).any(axis=1))
+    changed = np.flatnonzero((ulps > 0).any(axis=1))
+    return LogitsDiff(n, float(diff.max()), int(over[0]) if len(over) else None, (len(a), len(b)),
+                      max_ulp=int(ulps.max()), first_changed_row=int(changed[0]) if len(changed) else None,
+                      tolerance_ulp=tolerance_ulp)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from farm.execute import compare as compare_mod
@@ -138,11 +139,14 @@ class RecordedRuns:
 def runs(monkeypatch) -> RecordedRuns:
     recorded = RecordedRuns()
     monkeypatch.setattr(compare_mod, "run", recorded)
+    monkeypatch.setattr(compare_mod, "takes_flag", lambda device, bundle, flag: flag in RUNNER_FLAGS)
     return recorded
 
 
 DEVICE = SimpleNamespace(serial="S9")
-BUNDLE = SimpleNamespace(name="b")
+BUNDLE = SimpleNamespace(name="b", modes={"kv": SimpleNamespace(eval_mode=0),
+                                          "hybrid": SimpleNamespace(eval_mode=1)})
+RUNNER_FLAGS = {"dump_logits_path"}  # what the stand-in runner's --help lists
 
 
 @pytest.mark.parametrize("base", [None, RunRequest(prompts=["other", "prompts"], mode="hybrid", seq_len=8,
@@ -152,9 +156,117 @@ BUNDLE = SimpleNamespace(name="b")
 def test_both_updaters_run_the_same_greedy_request_with_the_callers_timeout(runs, base):
     c = compare_updaters(DEVICE, BUNDLE, mode="kv", prompt="Once upon", seq_len=64, timeout=42.0, base=base)
     expected = replace(base or RunRequest(prompts=[]), prompts=["Once upon"], mode="kv", seq_len=64,
-                       temperature=0.0)
+                       temperature=0.0, dump_logits=True)
     assert [(d, b, t) for d, b, _, t in runs.calls] == [(DEVICE, BUNDLE, 42.0)] * 2
     assert [r for _, _, r, _ in runs.calls] == [replace(expected, updater=u) for u in UPDATER_PAIR]
     assert (c.serial, c.mode, c.prompt, c.seq_len) == ("S9", "kv", "Once upon", 64)
     assert {u: r.updater for u, r in c.results.items()} == {u: u for u in UPDATER_PAIR}
     assert c.agree and c.explain() == "SmartMask and ShiftPointer agree on 3 ids"
+
+
+@pytest.mark.parametrize("mode, flags, dumped", [("kv", {"dump_logits_path"}, True),
+                                                 ("hybrid", {"dump_logits_path"}, False),
+                                                 ("kv", set(), False)],
+                         ids=["kv mode", "hybrid: upstream refuses", "runner without the flag"])
+def test_logits_are_asked_for_where_the_runner_can_dump_them(runs, monkeypatch, mode, flags, dumped):
+    monkeypatch.setattr(compare_mod, "takes_flag", lambda device, bundle, flag: flag in flags)
+    compare_updaters(DEVICE, BUNDLE, mode=mode, prompt="p", seq_len=8)
+    assert [r.dump_logits for _, _, r, _ in runs.calls] == [dumped, dumped]
+
+
+# -- logits: identical inputs give identical logits ------------------------------------------------
+
+VOCAB = 6
+
+
+def with_logits(updater: str, ids: list[int], rows: np.ndarray | None, *, n_prompt: int = 3,
+                dtype: str = "float32") -> RunResult:
+    r = result(updater, ids=ids)
+    r.observers = [{"prompt_tokens": n_prompt, "generated_tokens": len(ids)}]
+    if rows is not None:
+        r.logits, r.logits_dtype = rows.astype(dtype).tobytes(), dtype
+    return r
+
+
+def logits_comparison(a_rows, b_rows, ids=(5, 6, 7, 8), **kwargs) -> Comparison:
+    first, second = UPDATER_PAIR
+    return Comparison(serial="S1", mode="kv", prompt="p", seq_len=16, results={
+        first: with_logits(first, list(ids), a_rows, **kwargs),
+        second: with_logits(second, list(ids), b_rows, **kwargs)})
+
+
+def rows(n: int = 7) -> np.ndarray:  # 3 prompt rows + 4 decode rows, values of a real model's size
+    return (np.arange(n * VOCAB, dtype=np.float32).reshape(n, VOCAB) * 1.37 + 8000.0)
+
+
+def test_identical_logits_agree_and_say_so():
+    c = logits_comparison(rows(), rows())
+    assert c.agree and c.logits.identical and c.logits.max_ulp == 0
+    assert c.explain() == ("SmartMask and ShiftPointer agree on 4 ids; logits: 7 rows, max |diff| 0 "
+                           "(0 ulp, tolerance 2); no difference")
+
+
+def test_a_rounding_difference_within_the_tolerance_agrees_and_is_reported_where_it_starts():
+    b = rows()
+    b[4, 2] = np.nextafter(b[4, 2], np.float32(np.inf))  # 1 ulp, at the second decode step
+    c = logits_comparison(rows(), b)
+    assert c.agree and c.logits.max_ulp == 1
+    assert c.logits_summary().endswith("first difference at decode step 1")
+
+
+@pytest.mark.parametrize("row, step", [(1, "prompt token 1"), (5, "decode step 2")])
+def test_logits_that_differ_past_the_tolerance_fail_though_every_token_agrees(row, step):
+    b = rows()
+    b[row, 0] += 0.25  # far more than a rounding: a cache entry that is not what it should be
+    c = logits_comparison(rows(), b)
+    assert c.tokens_agree and not c.agree
+    assert c.logits.first_differing_row == row
+    message = c.explain()
+    assert message.startswith("SmartMask and ShiftPointer agree on 4 ids on S1 (kv), but their logits "
+                              f"differ from {step} on: max |diff| 0.25")
+    assert "tolerance 2" in message
+
+
+def test_the_tolerance_is_in_ulp_so_it_holds_for_logits_of_any_size():
+    small = rows() / 8000.0  # logits around 1: 5 ulp there is a far smaller |diff| than at 8000
+    b = small.copy()
+    b[6, 3] = np.float32(b[6, 3]) + 5 * np.spacing(np.float32(b[6, 3]))
+    c = logits_comparison(small, b)
+    assert not c.agree and c.logits.max_ulp == 5 and c.logits.first_differing_row == 6
+
+
+def test_quantized_logits_are_compared_in_steps():
+    q = (rows() - 7000).astype(np.uint16)
+    b = q.copy()
+    b[3, 1] += 5
+    assert logits_comparison(q, q.copy(), dtype="uint16").agree
+    c = logits_comparison(q, b, dtype="uint16")
+    assert not c.agree and c.logits.max_ulp == 5 and "decode step 0" in c.explain()
+
+
+def test_one_run_without_its_logits_is_never_an_agreement():
+    c = logits_comparison(rows(), None)
+    assert c.tokens_agree and not c.agree
+    assert c.explain().endswith("but only SmartMask dumped its logits")
+
+
+def test_a_run_that_dumped_fewer_rows_disagrees():
+    c = logits_comparison(rows(), rows()[:6])
+    assert not c.agree
+    assert "not 7 whole rows" in c.explain()
+
+
+def test_neither_run_dumping_compares_tokens_alone():
+    c = logits_comparison(None, None)
+    assert c.agree and c.logits is None and c.logits_summary() == "not dumped"
+    assert c.explain() == "SmartMask and ShiftPointer agree on 4 ids"
+
+
+def test_a_token_divergence_also_says_where_the_logits_first_differed():
+    b = rows()
+    b[3, 0] += 0.01  # the logits drift at decode step 0, the tokens only later
+    first, second = UPDATER_PAIR
+    c = Comparison(serial="S1", mode="kv", prompt="p", seq_len=16, results={
+        first: with_logits(first, [5, 6, 7, 8], rows()), second: with_logits(second, [5, 6, 9, 8], b)})
+    assert not c.agree and c.first_divergence() == 2
+    assert "first difference at decode step 0" in c.explain()

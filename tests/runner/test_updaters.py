@@ -8,9 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from farm.execute.compare import Comparison
+from farm.execute.run import RunResult
 from farm.model.llama import eager_generate
+from farm.runner.engine import LlamaRunner
 from farm.runner.io_manager import ShiftPointerIoMgr, SmartMaskIoMgr
-from tests.support.runner import greedy, make_runner, prompt_of_length
+from tests.support.runner import greedy, make_runner, paths, prompt_of_length
 
 PREFILL = 16  # tiny's prefill ar_len
 CONTEXT = 128  # tiny's max_seq_len
@@ -147,3 +150,42 @@ def test_temperature_sampling_is_seeded(runners):
     c = r.complete(prompt, 40, 0.9, seed=2).generated_ids
     assert a == b
     assert a != c
+
+
+# --- logits: a divergence seen before it flips a token ----------------------------------------------
+
+class NudgesOneEntry(SmartMaskIoMgr):
+    """A cache entry a little off after the prompt (3e-3 on one K value): every greedy token still
+    agrees on the reference prompt, only the logits show it."""
+
+    def update(self, outputs, n):
+        super().update(outputs, n)
+        if self.n_past - n < 8 <= self.n_past:
+            self.k_inputs()[0][0, 0, 3] += 3e-3
+
+
+def _run_result(runner, updater: str, prompt: str) -> RunResult:
+    gen = runner.complete(prompt, 100)
+    return RunResult(serial="host", bundle="tiny", mode="kv", updater=updater, command="",
+                     exit_code=0, stdout="", stderr="", duration_s=0.0,
+                     observers=[gen.stats.to_json()], generated_ids=gen.generated_ids,
+                     logits=runner.logits_dump(), logits_dtype="float32")
+
+
+def test_the_logits_comparison_catches_an_updater_whose_tokens_still_agree(tiny_bundle):
+    pte, tok = paths(tiny_bundle, "kv")
+    prompt = "Once upon a time"
+
+    def result(io_mgr, updater):
+        return _run_result(LlamaRunner(pte, tok, 0, io_mgr, "llama3", dump_logits=True), updater, prompt)
+
+    good = Comparison(serial="host", mode="kv", prompt=prompt, seq_len=100, results={
+        "SmartMask": result(SmartMaskIoMgr, "SmartMask"),
+        "ShiftPointer": result(ShiftPointerIoMgr, "ShiftPointer")})
+    assert good.agree, good.explain()
+    assert good.logits.rows_compared > 90 and good.logits.max_ulp <= good.logits_tolerance_ulp
+
+    nudged = Comparison(serial="host", mode="kv", prompt=prompt, seq_len=100, results={
+        "SmartMask": good.results["SmartMask"], "ShiftPointer": result(NudgesOneEntry, "ShiftPointer")})
+    assert nudged.tokens_agree  # the tokens alone would pass it
+    assert not nudged.agree and "their logits differ from prompt token" in nudged.explain()
