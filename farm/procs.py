@@ -99,9 +99,22 @@ def cmdline(pid: int) -> list[str] | None:
             args = psutil.Process(pid).cmdline()
         except (psutil.Error, ValueError):  # NoSuchProcess, ZombieProcess, AccessDenied; pid < 0
             return None
-        if args or time.monotonic() >= deadline:  # a kernel thread stays empty: not ours
-            return args or None
+        if args or _kernel_thread(pid) or time.monotonic() >= deadline:
+            return args or None  # a kernel thread's is always empty: asked at once, never waited on
         time.sleep(0.002)
+
+
+_PF_KTHREAD = 0x00200000  # include/linux/sched.h
+
+
+def _kernel_thread(pid: int) -> bool:
+    """Whether ``pid`` is a kernel thread (the flags field of /proc/PID/stat), whose command line is
+    empty for good; a process between two images also reads empty, for a moment."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        return bool(int(stat.rpartition(b")")[2].split()[6]) & _PF_KTHREAD)
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def cmdline_has(*runs: Sequence[str]) -> Owned:

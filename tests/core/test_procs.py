@@ -174,3 +174,17 @@ def test_a_process_in_the_middle_of_an_execve_is_still_ours(tmp_path, reap):
             wrong += 1
     assert proc.returncode == 0
     assert checks > 100 and wrong == 0
+
+
+def test_a_kernel_threads_empty_command_line_is_not_waited_on(monkeypatch):
+    """Only a process between two images is re-read: a scan of /proc meets dozens of kernel threads,
+    whose command line is empty for good (waiting on each made killing a server take 30 s)."""
+    kthreads = [pid for pid in psutil.pids() if procs._kernel_thread(pid)]
+    if not kthreads:
+        pytest.skip("no kernel thread visible in this pid namespace")
+
+    def no_wait(seconds):
+        raise AssertionError(f"waited {seconds} s on a kernel thread's command line")
+
+    monkeypatch.setattr(procs.time, "sleep", no_wait)
+    assert [procs.cmdline(pid) for pid in kthreads[:20]] == [None] * min(20, len(kthreads))
