@@ -120,13 +120,16 @@ def _number(stats: dict[str, Any], key: str) -> float | None:
 
 
 def decode_rate(stats: dict[str, Any] | None) -> float | None:
+    """Upstream's generation rate (stats.h:134-143, print_report): generated_tokens over
+    inference_end - prompt_eval_end. v1.0.1's generated_tokens counts the decode loop alone (the
+    token the prefill produced is not in it, token_generator.cpp:326), so no token is taken off."""
     if not stats:
         return None
     generated = _number(stats, "generated_tokens")
-    first, end = _number(stats, "first_token_ms"), _number(stats, "inference_end_ms")
-    if generated is None or first is None or end is None or generated < 2 or end <= first:
+    start, end = _number(stats, "prompt_eval_end_ms"), _number(stats, "inference_end_ms")
+    if generated is None or start is None or end is None or generated < 1 or end <= start:
         return None
-    return (generated - 1) / ((end - first) / 1000.0)
+    return generated / ((end - start) / 1000.0)
 
 
 def prefill_rate(stats: dict[str, Any] | None) -> float | None:

@@ -194,7 +194,7 @@ def run(argv: list[str]) -> int:
     if "dump_logits_path" in given and args.eval_mode != 0:
         # qnn_llama_runner.cpp:247-251: the flag given at all (even empty) needs eval_mode 0.
         raise UsageError("--dump_logits_path: Only TokenGenerator(kv) mode is supported to dump all "
-                         f"logits (--eval_mode 0, not {args.eval_mode}).")
+                         f"logits. Use --eval_mode 0, not {args.eval_mode}.")
     prompts = collect_prompts(argv)
     for prompt in prompts:
         _check_utf8("prompt", prompt)

@@ -202,10 +202,13 @@ class LlamaRunner:
                              f"{self.max_prompt_len()}, context {self.context_len})")
         text = bytearray(prompt.encode("utf-8", "surrogateescape"))
         self.io.switch_method(self.prefill_ar)
-        token = self._sample(self._prefill(ids), temperature, gen, stats)
+        # The prefill's token is sampled outside the stats' sampling timer (prompt_processor.cpp:341;
+        # only the generators' loops time theirs, TOK:295-298, LHD:327-330), and decoded after
+        # itself: decode(cur_token, cur_token), runner.cpp:430-431.
+        token = _pick(self._prefill(ids), temperature, gen)
         stats.first_token_ms = stats.prompt_eval_end_ms = now_ms()
         generated = [token]
-        text += self.template.piece(token)
+        text += self.template.piece(token, token)
         self.io.switch_method(self.decode_ar)
         if self.lookahead is not None:
             n_generated, reached_eos, newlines = self._lookahead_loop(
@@ -216,10 +219,10 @@ class LlamaRunner:
         # prefill produced; the loop's last token is written but not fed, so the next prompt starts
         # where this one's last step ended.
         while self.cur_pos < seq_len - 1:
-            token = self._sample(self._step(self.decode, [token], self.decode_logits), temperature,
-                                 gen, stats)
+            prev, token = token, self._sample(self._step(self.decode, [token], self.decode_logits),
+                                              temperature, gen, stats)
             generated.append(token)
-            text += self.template.piece(token)
+            text += self.template.piece(token, prev)  # decode(prev_token, cur_token), TOK:316-317
             if self.delay_s:
                 time.sleep(self.delay_s)
             if token in self.template.eos_ids:
@@ -274,9 +277,9 @@ class LlamaRunner:
                     row = state.row_of(g, v)
                     state.accepted += 1
                 selected.append(row)
-                token = self._sample(logits[row], temperature, gen, self.stats)
+                prev, token = token, self._sample(logits[row], temperature, gen, self.stats)
                 generated.append(token)
-                text += self.template.piece(token)
+                text += self.template.piece(token, prev)  # LHD:325-336
                 pos += 1
                 if token in self.template.eos_ids:
                     reached_eos = True

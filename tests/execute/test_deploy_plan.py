@@ -166,7 +166,7 @@ def test_run_parses_outputs_speed_and_observer(deployed, tmp_path):
     assert report["cwd"] == str(_ws(device, bundle))
     assert result.tokens_per_s == 50.0 and result.exit_code == 0  # the fake's ShiftPointer figure
     assert result.observer["generated_tokens"] == 11
-    assert result.decode_tok_s == pytest.approx(10 / 0.5) and result.prefill_tok_s == pytest.approx(100)
+    assert result.decode_tok_s == pytest.approx(11 / 0.5) and result.prefill_tok_s == pytest.approx(100)
     assert result.generated_ids is None  # qnn-v1.0 writes no token ids
     assert (tmp_path / "out" / "outputs.txt").read_bytes() == result.text_bytes
     assert not list(_ws(device, bundle).glob("pwned*"))

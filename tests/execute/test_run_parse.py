@@ -27,18 +27,18 @@ def test_observer_lines_are_parsed_and_broken_ones_skipped():
 
 def test_decode_and_prefill_rates_come_from_observer_timestamps():
     first = parse_observers(STDOUT)[0]
-    assert decode_rate(first) == pytest.approx(40 / 2.0)  # 40 tokens after the first in 2 s
+    assert decode_rate(first) == pytest.approx(41 / 2.0)  # 41 decode steps in the 2 s after prefill
     assert prefill_rate(first) == pytest.approx(20 / 0.2)
-    assert decode_rate({"generated_tokens": 1, "first_token_ms": 1, "inference_end_ms": 2}) is None
+    assert decode_rate({"generated_tokens": 0, "prompt_eval_end_ms": 1, "inference_end_ms": 2}) is None
     assert decode_rate(None) is None and prefill_rate({}) is None
 
 
 def test_result_uses_the_last_iteration():
     r = RunResult(serial="s", bundle="b", mode="kv", updater="SmartMask", command="c", exit_code=0,
                   stdout=STDOUT, stderr="", duration_s=1.0, observers=parse_observers(STDOUT))
-    assert r.decode_tok_s == pytest.approx(40.0)
+    assert r.decode_tok_s == pytest.approx(41.0)
     d = r.to_dict()
-    assert d["decode_tok_s"] == pytest.approx(40.0) and d["observers"][0]["prompt_tokens"] == 20
+    assert d["decode_tok_s"] == pytest.approx(41.0) and d["observers"][0]["prompt_tokens"] == 20
 
 
 def test_speed_and_token_ids():
@@ -54,16 +54,16 @@ TIMES = {"prompt_tokens": 20, "generated_tokens": 5, "inference_start_ms": 1000,
 
 
 @pytest.mark.parametrize("change, decode, prefill", [
-    ({}, 4 / 1.0, 20 / 0.25),
-    ({"generated_tokens": 2}, 1 / 1.0, 20 / 0.25),  # two tokens: one decode step, a rate
-    ({"generated_tokens": 1}, None, 20 / 0.25),  # the first token alone: no decode step
-    ({"inference_end_ms": 1250}, None, 20 / 0.25),  # no time between first token and end
-    ({"prompt_eval_end_ms": 1000}, 4 / 1.0, None),  # no time for the prompt
+    ({}, 5 / 1.0, 20 / 0.25),
+    ({"generated_tokens": 1}, 1 / 1.0, 20 / 0.25),  # one decode step (v1.0.1 counts only those)
+    ({"generated_tokens": 0}, None, 20 / 0.25),  # the prefill's token alone: no decode step
+    ({"inference_end_ms": 1250}, None, 20 / 0.25),  # no time between the prompt's end and the end
+    ({"prompt_eval_end_ms": 1000}, 5 / 1.25, None),  # no time for the prompt
     ({"generated_tokens": True, "prompt_tokens": False}, None, None),  # a bool is no count
     ({"generated_tokens": "5", "prompt_tokens": None}, None, None),
-    ({"first_token_ms": None, "inference_start_ms": "0"}, None, None),
+    ({"first_token_ms": None, "inference_start_ms": "0"}, 5 / 1.0, None),  # decode needs no first_token
     ({"inference_end_ms": [2250], "prompt_eval_end_ms": {}}, None, None),
-], ids=["whole", "two tokens", "one token", "no decode time", "no prefill time", "bools", "strings",
+], ids=["whole", "one step", "no step", "no decode time", "no prefill time", "bools", "strings",
         "missing starts", "odd ends"])
 def test_rates_are_only_given_for_counts_and_times_that_make_one(change, decode, prefill):
     stats = {**TIMES, **change}
@@ -71,9 +71,9 @@ def test_rates_are_only_given_for_counts_and_times_that_make_one(change, decode,
     assert prefill_rate(stats) == (pytest.approx(prefill) if prefill else None)
     for key in TIMES:  # any one figure missing: no rate that needs it
         without = {k: v for k, v in stats.items() if k != key}
-        if key in ("generated_tokens", "first_token_ms", "inference_end_ms"):
+        if key in ("generated_tokens", "prompt_eval_end_ms", "inference_end_ms"):
             assert decode_rate(without) is None
-        else:
+        if key in ("prompt_tokens", "inference_start_ms", "prompt_eval_end_ms"):
             assert prefill_rate(without) is None
 
 
@@ -104,6 +104,6 @@ def test_the_result_dict_carries_both_rates_and_no_bytes():
     r = RunResult(serial="s", bundle="b", mode="kv", updater="SmartMask", command="c", exit_code=0,
                   stdout="", stderr="", duration_s=1.0, text="hi", text_bytes=b"hi", observers=[TIMES])
     d = r.to_dict()
-    assert d["decode_tok_s"] == pytest.approx(4.0) and d["prefill_tok_s"] == pytest.approx(80.0)
+    assert d["decode_tok_s"] == pytest.approx(5.0) and d["prefill_tok_s"] == pytest.approx(80.0)
     assert "text_bytes" not in d and d["text"] == "hi" and d["local_dir"] is None
     assert json.loads(json.dumps(d)) == d

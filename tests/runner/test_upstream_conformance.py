@@ -5,6 +5,8 @@ Each test cites the upstream line it transcribes (ExecuTorch, tag v1.0.1):
   RUN = examples/qualcomm/oss_scripts/llama/runner/runner.cpp
   TOK = examples/qualcomm/oss_scripts/llama/runner/token_generator.cpp
   STATS = extension/llm/runner/stats.h
+The literals (echoes, observer keys, how a double is written, messages, families) are the conformance
+corpus's, tests/conformance/corpus.toml, which the farm's parsers are tested against too.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from farm.model.llama import eager_generate
 from farm.model.template import FAMILIES, format_prompt
 from farm.runner import main as runner_main
 from farm.runner.engine import OBSERVER_KEYS, Stats, cpp_double
+from tests.conformance import corpus
 from tests.support.runner import make_runner
 
 CONTEXT = 128  # the tiny reference model's context length
@@ -34,8 +37,9 @@ def run_cli(argv, capsys):
 
 
 def observers(stdout: str) -> list[tuple[str, dict]]:
-    return [(line, json.loads(line.split(" ", 1)[1])) for line in stdout.splitlines()
-            if line.startswith("PyTorchObserver ")]
+    prefix = corpus.OBSERVER["prefix"]
+    return [(line, json.loads(line[len(prefix):])) for line in stdout.splitlines()
+            if line.startswith(prefix)]
 
 
 @pytest.fixture()
@@ -46,15 +50,15 @@ def in_tmp(tmp_path, monkeypatch):
 
 def test_one_llama3_prompt_writes_what_upstream_writes(tiny_bundle, kv, in_tmp, capsys):
     pte, tok = kv
+    case = corpus.echo_of("llama3")
     code, out, err = run_cli(["--model_path", pte, "--tokenizer_path", tok, "--eval_mode", "0",
-                              "--decoder_model_version", "llama3", "--prompt", "Hello there",
+                              "--decoder_model_version", "llama3", "--prompt", case["prompt"],
                               "--seq_len", "64", "--token_ids_path", "ids.json"], capsys)
     assert code == 0, err
     ids = json.loads((in_tmp / "ids.json").read_text())
     text = (in_tmp / "outputs.txt").read_bytes()
     # QLR:108 / RUN:416: the echo is the formatted prompt string; the BOS is a token (RUN:378), not text.
-    echo = ("<|start_header_id|>user<|end_header_id|>\n\nHello there<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\n").encode()
+    echo = case["echo"].encode()
     assert text.startswith(echo) and b"<|begin_of_text|>" not in text
     runner = make_runner(tiny_bundle, "kv", "SmartMask", "llama3")
     assert ids["prompt_ids"][0] == runner.tokenizer.bos_id
@@ -62,11 +66,8 @@ def test_one_llama3_prompt_writes_what_upstream_writes(tiny_bundle, kv, in_tmp, 
     assert text == echo + b"".join(runner.template.piece(t) for t in ids["generated_ids"])
     ((line, stats),) = observers(out)
     # STATS:85-97: compact, in this key order, nothing else.
-    assert line == "PyTorchObserver " + json.dumps(stats, separators=(",", ":"))
-    assert tuple(stats) == OBSERVER_KEYS == (
-        "prompt_tokens", "generated_tokens", "model_load_start_ms", "model_load_end_ms",
-        "inference_start_ms", "inference_end_ms", "prompt_eval_end_ms", "first_token_ms",
-        "aggregate_sampling_time_ms", "SCALING_FACTOR_UNITS_PER_SECOND")
+    assert line == corpus.OBSERVER["prefix"] + json.dumps(stats, separators=(",", ":"))
+    assert tuple(stats) == OBSERVER_KEYS == corpus.OBSERVER_KEYS
     # TOK:261,326: generated_tokens counts the decode loop only, which stops at seq_len - 1.
     assert stats["prompt_tokens"] == len(ids["prompt_ids"])
     assert stats["prompt_tokens"] + stats["generated_tokens"] == 64 - 1
@@ -76,10 +77,10 @@ def test_one_llama3_prompt_writes_what_upstream_writes(tiny_bundle, kv, in_tmp, 
     assert (in_tmp / "inference_speed.txt").read_text() == cpp_double(speed)
 
 
-@pytest.mark.parametrize("value,written", [
-    (104.34782608695652, "104.348"), (100.0, "100"), (1e6, "1e+06"), (0.000123456789, "0.000123457"),
-    (math.inf, "inf"), (math.nan, "nan")])
+@pytest.mark.parametrize("value,written", [(e["value"], e["written"])
+                                           for e in corpus.entries("double") + corpus.entries("speed")])
 def test_speed_is_written_as_operator_shift_writes_a_double(value, written):
+    """RUN:59: ``outfile << num_tok``."""
     assert cpp_double(value) == written
 
 
@@ -131,7 +132,7 @@ def test_iterations_and_turns_continue_one_position(kv, in_tmp, capsys):
     code, out, err = run_cli(["--model_path", pte, "--tokenizer_path", tok, "--eval_mode", "0",
                               "--prompt", "Once", "--seq_len", "48", "--num_iters", "2"], capsys)
     assert code == 2
-    assert "sequence length exceeded - please increase the seq_len value" in err
+    assert corpus.MESSAGES["seq_len_exceeded"] in err
     assert len(observers(out)) == 1
 
 
@@ -179,7 +180,7 @@ def test_end_of_sequence_prints_a_newline(kv, in_tmp, capsys, monkeypatch):
     monkeypatch.setattr(template_mod.PromptTemplate, "__init__", with_end_token)
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err
-    assert out.startswith("\nPyTorchObserver ")
+    assert out.startswith(corpus.CORPUS["eos"]["newline"] + corpus.OBSERVER["prefix"])
 
 
 def test_special_tokens_in_prompt_text_are_encoded_as_specials(tiny_bundle):
@@ -204,29 +205,15 @@ def test_a_tokenized_prompt_is_raw_uint64_ids_and_its_path_is_the_echo(kv, in_tm
     assert (in_tmp / "outputs.txt").read_bytes().startswith(b"prompt.bin")
     code, _, err = run_cli(["--model_path", pte, "--tokenizer_path", tok, "--eval_mode", "0",
                             "--tokenized_prompt", "prompt.bin", "--prompt", "x"], capsys)
-    assert code == 2 and "Only provide prompt or tokenized_input but not both." in err
+    assert code == 2 and corpus.MESSAGES["both_prompts"] in err
 
 
-@pytest.mark.parametrize("version,system,expected", [
-    # QLR:105-173, get_formatted_prompt, one case per family.
-    ("llama2", "S", "P"),
-    ("llama3", "", "<|start_header_id|>user<|end_header_id|>\n\nP<|eot_id|>"
-                   "<|start_header_id|>assistant<|end_header_id|>\n\n"),
-    ("llama3", "S", "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
-                    "<|start_header_id|>user<|end_header_id|>\n\nP<|eot_id|>"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n"),
-    ("gemma3", "S", "<start_of_turn>user\nP<end_of_turn>\n<start_of_turn>model\nS<end_of_turn>\n"),
-    ("phi_4_mini", "S", "<|system|>S<|end|><|user|>P<|end|><|assistant|>"),
-    ("qwen2_5", "S", "P"),
-    ("qwen3", "S", "<|im_start|>user\nP<|im_end|>\n<|im_start|>system\nS<|im_end|>\n<|im_start|>assistant"),
-    ("smollm2_135m", "S", "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nP<|im_end|>\n\n"),
-    ("smollm3", "S", "<|im_start|>system\nS\n\n<|im_start|>user\nP<|im_end|>\n<|im_start|>assistant\n"),
-])
-def test_every_family_formats_its_prompt_as_upstream(version, system, expected):
-    assert format_prompt("P", system, version) == expected
+@pytest.mark.parametrize("version,system,prompt,expected", [  # QLR:99-180, get_formatted_prompt
+    (e["family"], e["system_prompt"], e["prompt"], e["echo"]) for e in corpus.entries("echo")])
+def test_every_family_formats_its_prompt_as_upstream(version, system, prompt, expected):
+    assert format_prompt(prompt, system, version) == expected
 
 
 def test_the_families_are_v1_0_1s():
     """RUN:106-125: the decoder model versions v1.0.1 accepts."""
-    assert set(FAMILIES) == {"llama2", "llama3", "gemma3", "phi_4_mini", "qwen2_5", "qwen3",
-                             "smollm2_135m", "smollm3"}
+    assert set(FAMILIES) == set(corpus.FAMILIES)
