@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# The main job: parallel qualification runs of both reference bundles on virtual Snapdragon devices
-# (2 x SM8650, SM8550, SM8750; one pytest-xdist worker per device), one `farm qualify` each:
-#   tiny          llama3, tiktoken tokenizer.model   -> reports/latest
-#   tiny-qwen2_5  qwen2_5, HF tokenizer.json         -> reports/latest-tiny-qwen2_5
+# The main job: parallel qualification runs on virtual Snapdragon devices (2 x SM8650, SM8550, SM8750;
+# one pytest-xdist worker per device), one `farm qualify` each:
+#   tiny          reference bundle: llama3, tiktoken tokenizer.model      -> reports/latest
+#   tiny-qwen2_5  reference bundle: qwen2_5, HF tokenizer.json            -> reports/latest-tiny-qwen2_5
+#   upstream      tiny's programs under ExecuTorch v1.0.1's names         -> reports/latest-upstream
+#                 (llama.py's artifact folder, the Android build folder with a qnn_llama_runner that
+#                 shows v1.0.1's flags, a $QNN_SDK_ROOT: staged in .farm/qualify-upstream by
+#                 farm/selftest/upstream.py with goldens from the host runner), `farm bundle create
+#                 --dialect qnn-v1.0`d: driven with upstream's flags only, read from outputs.txt,
+#                 inference_speed.txt and stdout
 # (junit/<device>.xml, summary.md, results.json, report.md, report.html in each). Sets itself up on a
 # fresh machine. Extra arguments add to these defaults (e.g. --virtual SM8850, -- -m gate); with
 # --bundle MANIFEST or --model NAME only that bundle is qualified, into reports/latest.
@@ -30,13 +36,28 @@ if [ "$chosen" -eq 1 ]; then
   exit 0
 fi
 
+UPSTREAM=.farm/qualify-upstream  # staged anew by each run
+upstream_bundle() {  # stage upstream's folders from the tiny export, `farm bundle create` them
+  rm -rf "$UPSTREAM"
+  local args
+  args=$(python -m farm.selftest.upstream "$UPSTREAM/folders" --model tiny \
+    --goldens "$UPSTREAM/bundle/goldens.toml") || return
+  mapfile -t args <<<"$args"  # --artifact, --build-folder, --qnn-sdk, --htp-arch ..., one per line
+  farm bundle create "$UPSTREAM/bundle/manifest.json" --name upstream-tiny --dialect qnn-v1.0 \
+    "${args[@]}"  # it warns that a phone could load none of the stand-ins
+}
+
 rank() { case "$1" in 0) echo 0 ;; 3) echo 1 ;; 4) echo 2 ;; 1) echo 3 ;; 2) echo 4 ;; *) echo 5 ;; esac; }
 worst=0
-for model in tiny tiny-qwen2_5; do
+for model in tiny tiny-qwen2_5 upstream; do
   out=reports/latest
   [ "$model" = tiny ] || out=reports/latest-$model
   code=0 start=$SECONDS
-  qualify "$out" --model "$model" || code=$?
+  if [ "$model" = upstream ]; then
+    upstream_bundle && qualify "$out" --bundle "$UPSTREAM/bundle/manifest.json" || code=$?
+  else
+    qualify "$out" --model "$model" || code=$?
+  fi
   echo "ci/qualify.sh: $model -> $out: exit $code in $((SECONDS - start)) s" >&2
   if [ "$(rank "$code")" -gt "$(rank "$worst")" ]; then worst=$code; fi
   if [ "$code" -eq 130 ]; then break; fi
