@@ -195,8 +195,11 @@ def resolve_tokens(spec: str, bundle: Bundle, mode: str, seq_len: int) -> int:
             ar_len = bundle.modes[mode].ar_len
             base = ar_len * max(1, -(-template_tokens(bundle) // ar_len))
         else:
-            # The longest prompt the mode takes: prefill writes into a cache of context - ar_len.
-            base = min(seq_len - 1, context_len(bundle) - bundle.modes[mode].ar_len)
+            # The longest prompt the mode takes: prefill writes into a cache of context - ar_len;
+            # lookahead decodes from a cache of context - decode_ar_len, so it leaves that much room.
+            spec_mode = bundle.modes[mode]
+            base = min(seq_len - 1,
+                       context_len(bundle) - max(spec_mode.ar_len, spec_mode.decode_ar_len))
         n = base + int((m.group(2) or "0").replace(" ", ""))
     if n >= seq_len:
         raise UsageError(f"prompt_tokens {spec!r} is {n} tokens in mode {mode!r}: no room to "

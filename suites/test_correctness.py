@@ -1,6 +1,6 @@
-"""Correctness: SmartMask and ShiftPointer give identical tokens at temperature 0, and outputs start
-with their golden prefixes where a bundle has them. Cases: suites/data/correctness.toml (or
---farm-cases)."""
+"""Correctness: SmartMask and ShiftPointer give identical tokens at temperature 0 (and, in kv mode,
+identical logits), lookahead decoding writes hybrid mode's greedy tokens, and outputs start with their
+golden prefixes where a bundle has them. Cases: suites/data/correctness.toml (or --farm-cases)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import pytest
 
 from farm.errors import UsageError
 from farm.model.template import format_prompt
-from farm.results.checks import golden_ids_mismatch, golden_text_mismatch
+from farm.bundle.tokens import check_prompt_fits, context_len
+from farm.results.checks import golden_ids_mismatch, golden_text_mismatch, lookahead_mismatch
+from farm.vocab import EvalMode
+from ptefarm_fixtures import ensure_run
 from ptefarm_suites.cases import golden_for
 
 from ._data import bundle_goldens, correctness_points
@@ -26,6 +29,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if not points:
             reason = "no golden prefix for any case (goldens.toml beside the manifest, or --farm-goldens)"
             metafunc.parametrize("point", [pytest.param(None, id="no-goldens",
+                                                        marks=pytest.mark.skip(reason=reason))])
+            return
+    if metafunc.definition.originalname == "test_lookahead_matches_hybrid":
+        modes = ensure_run(metafunc.config).bundle.modes
+        points = [p for p in points if modes[p.mode].eval_mode == EvalMode.LOOKAHEAD.number]
+        if not points or not any(m.eval_mode == EvalMode.HYBRID.number for m in modes.values()):
+            reason = "the bundle has no lookahead mode (eval_mode 2) and hybrid mode to compare"
+            metafunc.parametrize("point", [pytest.param(None, id="no-lookahead",
                                                         marks=pytest.mark.skip(reason=reason))])
             return
     metafunc.parametrize("point", [pytest.param(p, id=p.id, marks=[pytest.mark.gate] if p.case.gate
@@ -62,6 +73,32 @@ def test_updaters_agree(llm, point):
         tails = "\n".join(f"  {u}: {generated_text(r.text, prompt, version)[:200]!r}"
                           for u, r in comparison.results.items())
         pytest.fail(f"{comparison.explain()}\ncontinuations:\n{tails}", pytrace=False)
+
+
+@pytest.mark.release
+def test_lookahead_matches_hybrid(llm, point):
+    """Lookahead decoding (eval_mode 2) is an exact speed-up: at temperature 0 it must write every
+    token hybrid mode's greedy decoding writes, with the same updater."""
+    hybrid = next(name for name, m in sorted(llm.bundle.modes.items())
+                  if m.eval_mode == EvalMode.HYBRID.number)
+    prompt = point.prompt(llm.bundle)
+    # Both runs end at the same seq_len: the lookahead cache holds decode_ar_len fewer entries.
+    seq_len = min(point.seq_len, context_len(llm.bundle) - llm.bundle.modes[point.mode].decode_ar_len)
+    check_prompt_fits(llm.bundle, prompt, hybrid, seq_len, what=f"case {point.case.name!r}")
+    llm.record("case", point.case.name)
+    updater = llm.updaters[0]
+    expected = llm.generate(prompt, updater=updater, mode=hybrid, seq_len=seq_len)
+    got = llm.generate(prompt, updater=updater, mode=point.mode, seq_len=seq_len)
+    if expected.generated_ids is not None and got.generated_ids is not None:
+        problem = lookahead_mismatch(expected.generated_ids, got.generated_ids,
+                                     llm.bundle.modes[point.mode].ngram or 1)
+    else:  # a runner that writes no token ids: the text, which may run on by one step's tokens
+        version = llm.bundle.decoder_model_version
+        want = generated_text(expected.text, prompt, version)
+        problem = golden_text_mismatch(generated_text(got.text, prompt, version), want) if want \
+            else "hybrid mode generated no text: nothing to check lookahead decoding against"
+        problem = problem and f"lookahead decoding against hybrid mode's text: {problem}"
+    assert problem is None, f"{problem} ({updater}, on {llm.device.serial})"
 
 
 @pytest.mark.release

@@ -1,4 +1,5 @@
-"""`farm export`: a reference bundle (kv and hybrid .pte, tokenizer, manifest), cached by content.
+"""`farm export`: a reference bundle (kv, hybrid and lookahead .pte, tokenizer, manifest), cached by
+content.
 
 A config names its family (farm/model/config.py): tiny is llama3 with a tiktoken tokenizer.model,
 tiny-qwen2_5 is qwen2_5 with an HF tokenizer.json.
@@ -37,9 +38,14 @@ from farm.model.tokenizer import (
 )
 
 # Bump when the exported programs or the bundle layout change in a way the cache must not hide.
-EXPORTER_VERSION = "1"
+EXPORTER_VERSION = "2"  # 2: the lookahead program
 KV_PTE = "kv_llama_xnnpack.pte"
 HYBRID_PTE = "hybrid_llama_xnnpack.pte"
+LOOKAHEAD_PTE = "lookahead_llama_xnnpack.pte"
+# Lookahead decoding as the reference exports it (upstream exports lookahead_llama_qnn.pte the same
+# way: prefill_forward as in hybrid mode, a kv_forward of ar_len
+# next_power_of_two((window + gcap) * (ngram - 1)) that holds the guesses and their verification).
+LOOKAHEAD = {"ngram": 3, "window": 4, "gcap": 4}
 TOKENIZER = "tokenizer.model"
 # The tokenizer's file name per format, as upstream's exports name it.
 TOKENIZER_FILES = {"tiktoken": TOKENIZER, "hf": "tokenizer.json"}
@@ -93,7 +99,7 @@ def _bundle_dir_of(cfg: LlamaConfig, out_dir: str | os.PathLike | None) -> Path:
 # step; a cache hit calls nothing. The exporter prints nothing itself: `farm export` shows it.
 StepCallback = Callable[[str, int, int], None]
 STEPS = ("training the tokenizer", "lowering the kv program", "lowering the hybrid program",
-         "writing the manifest")
+         "lowering the lookahead program", "writing the manifest")
 
 
 def export_bundle(config_name: str = "tiny", out_dir: str | os.PathLike | None = None, *,
@@ -158,16 +164,22 @@ def _export_quietly(cfg: LlamaConfig, out: Path, step: Callable[[int], None]) ->
 
     weights = LlamaWeights(cfg).eval()
     metadata = _metadata_methods(cfg)
+    lookahead = Mode(pte=LOOKAHEAD_PTE, eval_mode=2, ar_len=cfg.prefill_ar_len, **LOOKAHEAD)
     with torch.no_grad():
         step(2)
         _lower({"forward": StaticLlama(weights, 1)}, metadata, out / KV_PTE)
         step(3)
         _lower({"prefill_forward": StaticLlama(weights, cfg.prefill_ar_len),
                 "kv_forward": StaticLlama(weights, 1)}, metadata, out / HYBRID_PTE)
-    step(4)
+        step(4)
+        _lower({"prefill_forward": StaticLlama(weights, cfg.prefill_ar_len),
+                "kv_forward": StaticLlama(weights, lookahead.decode_ar_len)},
+               metadata, out / LOOKAHEAD_PTE)
+    step(5)
 
     files = [describe_file(out, out / KV_PTE, role="pte"),
              describe_file(out, out / HYBRID_PTE, role="pte"),
+             describe_file(out, out / LOOKAHEAD_PTE, role="pte"),
              describe_file(out, out / tokenizer, role="tokenizer")]
     bundle = Bundle(
         name=f"reference-{cfg.name}",
@@ -175,7 +187,8 @@ def _export_quietly(cfg: LlamaConfig, out: Path, step: Callable[[int], None]) ->
         tokenizer=tokenizer,
         files=files,
         modes={"kv": Mode(pte=KV_PTE, eval_mode=0, ar_len=1),
-               "hybrid": Mode(pte=HYBRID_PTE, eval_mode=1, ar_len=cfg.prefill_ar_len)},
+               "hybrid": Mode(pte=HYBRID_PTE, eval_mode=1, ar_len=cfg.prefill_ar_len),
+               "lookahead": lookahead},
         decoder_model_version=cfg.decoder_model_version,
         model=cfg.to_dict() | {"head_dim": cfg.head_dim, "exporter_version": EXPORTER_VERSION},
     )

@@ -42,7 +42,7 @@ from typing import Any
 
 from farm.errors import UsageError
 from farm.fileio import write_atomic
-from farm.vocab import EVAL_MODE_NUMBERS, Dialect
+from farm.vocab import EVAL_MODE_NUMBERS, Dialect, EvalMode
 
 FORMAT = "ptefarm-bundle/1"
 DIALECTS: tuple[Dialect, ...] = tuple(Dialect)
@@ -68,11 +68,40 @@ class BundleFile:
         return d
 
 
+LOOKAHEAD_FIELDS = ("ngram", "window", "gcap")
+LOOKAHEAD_EVAL_MODE = EVAL_MODE_NUMBERS[EvalMode.LOOKAHEAD]
+
+
 @dataclass(frozen=True)
 class Mode:
     pte: str
     eval_mode: int
-    ar_len: int
+    ar_len: int  # the prefill's (hybrid, lookahead): what a prompt is cut into chunks of
+    # Lookahead decoding (eval_mode 2): the runner's --ngram/--window/--gcap, fixed by the export
+    # (its kv_forward has ar_len next_power_of_two((window + gcap) * (ngram - 1))). None otherwise,
+    # or for a lookahead mode whose manifest leaves them to the runner's defaults.
+    ngram: int | None = None
+    window: int | None = None
+    gcap: int | None = None
+
+    @property
+    def lookahead_args(self) -> list[str]:
+        if self.ngram is None:
+            return []
+        return ["--ngram", str(self.ngram), "--window", str(self.window), "--gcap", str(self.gcap)]
+
+    @property
+    def decode_ar_len(self) -> int:
+        """The ar_len of the decode method: 1, or for lookahead what upstream's llama.py exports,
+        next_power_of_two((window + gcap) * (ngram - 1)). Its cache holds context - decode_ar_len
+        entries, so a lookahead run ends that much sooner than a hybrid one."""
+        if self.ngram is None or self.window is None or self.gcap is None:
+            return 1
+        rows = (self.window + self.gcap) * (self.ngram - 1)
+        return 1 << (rows - 1).bit_length()
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass
@@ -111,7 +140,7 @@ class Bundle:
             "decoder_model_version": self.decoder_model_version,
             "tokenizer": self.tokenizer,
             "runner": self.runner,
-            "modes": {k: asdict(m) for k, m in self.modes.items()},
+            "modes": {k: m.to_json() for k, m in self.modes.items()},
             "model": self.model,
             "files": [f.to_json(base) for f in self.files],
         }
@@ -293,7 +322,18 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
         ar_len = _optional(m, "ar_len", int, 1, mwhere)
         if ar_len < 1:
             raise UsageError(f"{mwhere}: field 'ar_len' must be positive, got {ar_len}")
-        modes[key] = Mode(pte=pte, eval_mode=eval_mode, ar_len=ar_len)
+        lookahead = {name: _optional(m, name, int, None, mwhere) for name in LOOKAHEAD_FIELDS}
+        given = [name for name, value in lookahead.items() if value is not None]
+        if eval_mode == LOOKAHEAD_EVAL_MODE and given:  # none: the runner's own defaults apply
+            for name, value in lookahead.items():
+                if value is None or value < 1:
+                    raise UsageError(f"{mwhere}: field {name!r} must be a positive integer beside "
+                                     f"{', '.join(repr(g) for g in given if g != name)} (the "
+                                     f"runner's --{name}, as the .pte was exported for), got {value!r}")
+        elif given and eval_mode != LOOKAHEAD_EVAL_MODE:
+            raise UsageError(f"{mwhere}: field {given[0]!r} is for lookahead decoding (eval_mode "
+                             f"{LOOKAHEAD_EVAL_MODE}), not eval_mode {eval_mode}")
+        modes[key] = Mode(pte=pte, eval_mode=eval_mode, ar_len=ar_len, **lookahead)
     if not modes:
         raise UsageError(f"{where}: field 'modes' is empty")
     tokenizer = _require(raw, "tokenizer", str, where)

@@ -216,6 +216,7 @@ def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str,
              "--eval_mode", str(mode.eval_mode), "--num_iters", str(request.num_iters),
              "--output_path", posixpath.join(out_rel, OUTPUTS),
              "--performance_output_path", posixpath.join(out_rel, SPEED)]
+    argv += mode.lookahead_args  # eval_mode 2: the --ngram/--window/--gcap its .pte was exported for
     if dialect == Dialect.QNN_SHARED_BUFFER:
         argv.append("--shared_buffer")
     else:

@@ -44,3 +44,24 @@ def golden_text_mismatch(text: str, prefix: str) -> str | None:
     if text.startswith(prefix):
         return None
     return f"output {text[:len(prefix) + 40]!r} does not start with the golden {prefix!r}"
+
+
+def lookahead_mismatch(hybrid: Sequence[int], lookahead: Sequence[int], ngram: int) -> str | None:
+    """Lookahead decoding at temperature 0 must write hybrid mode's greedy tokens: all of them, in
+    order. Upstream's loop checks seq_len once per step and a step can accept up to ngram - 1 tokens
+    (lhd_token_generator.cpp:228), so it may write that many more, never fewer."""
+    hybrid, lookahead = list(hybrid), list(lookahead)
+    if not hybrid:
+        return "hybrid mode generated no tokens: nothing to check lookahead decoding against"
+    n = len(hybrid)
+    for i, (want, got) in enumerate(zip(hybrid, lookahead)):
+        if want != got:
+            return (f"lookahead decoding diverges from hybrid mode at generated token {i}: "
+                    f"{lookahead[i:i + 5]} vs {hybrid[i:i + 5]}")
+    if len(lookahead) < n:
+        return (f"lookahead decoding stopped after {len(lookahead)} of hybrid mode's {n} generated "
+                f"tokens")
+    if len(lookahead) > n + ngram - 1:
+        return (f"lookahead decoding wrote {len(lookahead) - n} tokens past hybrid mode's {n}; one "
+                f"step accepts at most ngram - 1 = {ngram - 1}")
+    return None

@@ -1,4 +1,4 @@
-"""farm export: a bundle with both programs, a tokenizer and a manifest; cached by content."""
+"""farm export: a bundle with its three programs, a tokenizer and a manifest; cached by content."""
 
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ from farm.cli.main import main as farm_main
 def test_manifest_describes_every_file(tiny_bundle):
     b = bundle_mod.load(tiny_bundle, verify=True)  # sizes and sha256 checked against the files
     assert b.runner_dialect == "host"
-    assert set(b.modes) == {"kv", "hybrid"}
+    assert set(b.modes) == {"kv", "hybrid", "lookahead"}
     assert b.modes["kv"].eval_mode == 0 and b.modes["hybrid"].eval_mode == 1
     assert b.modes["hybrid"].ar_len == b.model["prefill_ar_len"]
+    lookahead = b.modes["lookahead"]
+    assert (lookahead.eval_mode, lookahead.ar_len) == (2, b.model["prefill_ar_len"])
+    assert lookahead.lookahead_args == ["--ngram", "3", "--window", "4", "--gcap", "4"]
     assert {f.role for f in b.files} == {"pte", "tokenizer"}
 
 
@@ -30,6 +33,10 @@ def test_programs_have_the_upstream_methods(tiny_bundle):
     hybrid = Runtime.get().load_program(by_name[b.modes["hybrid"].pte])
     assert "forward" in kv.method_names
     assert {"prefill_forward", "kv_forward"} <= set(hybrid.method_names)
+    # Upstream's lookahead export: a kv_forward holding (window + gcap) * (ngram - 1) rows.
+    lookahead = Runtime.get().load_program(by_name[b.modes["lookahead"].pte])
+    lhd = lookahead.load_method("kv_forward").metadata
+    assert tuple(lhd.input_tensor_meta(0).sizes())[-1] == b.modes["lookahead"].decode_ar_len == 16
     m = b.model
     n_caches = m["n_layers"] * m["n_kv_heads"]
     meta = hybrid.load_method("prefill_forward").metadata

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -570,3 +571,34 @@ def test_verify_of_a_bundle_built_in_memory_names_the_bundle(tmp_path):
     with pytest.raises(UsageError) as caught:
         verify_bundle(b)
     assert str(caught.value).startswith("in-memory: files[0] (kv.pte): ")
+
+
+def test_a_lookahead_mode_carries_the_flags_its_program_was_exported_for(tmp_path):
+    manifest = make_qnn_bundle(tmp_path / "b")
+    raw = _raw(manifest)
+    raw["modes"]["lookahead"] = {"pte": "hybrid.pte", "eval_mode": 2, "ar_len": 8, "ngram": 3,
+                                 "window": 8, "gcap": 8}
+    b = load(_save(manifest, raw))
+    mode = b.modes["lookahead"]
+    assert mode.lookahead_args == ["--ngram", "3", "--window", "8", "--gcap", "8"]
+    assert mode.decode_ar_len == 32  # llama.py: next_power_of_two((8 + 8) * (3 - 1))
+    assert b.modes["hybrid"].lookahead_args == [] and b.modes["hybrid"].decode_ar_len == 1
+    b.write(manifest)  # written back as given, and other modes without the keys
+    written = json.loads(manifest.read_text())["modes"]
+    assert written["lookahead"]["gcap"] == 8 and "ngram" not in written["hybrid"]
+
+
+@pytest.mark.parametrize("mode, message", [
+    ({"eval_mode": 2, "ngram": 3, "window": 4}, "modes.lookahead: field 'gcap' must be a positive "
+                                                "integer beside 'ngram', 'window'"),
+    ({"eval_mode": 2, "ngram": 0, "window": 4, "gcap": 4}, "field 'ngram' must be a positive integer"),
+    ({"eval_mode": 1, "ngram": 3, "window": 4, "gcap": 4}, "modes.lookahead: field 'ngram' is for "
+                                                           "lookahead decoding (eval_mode 2), not "
+                                                           "eval_mode 1"),
+], ids=["one missing", "zero", "not a lookahead mode"])
+def test_lookahead_flags_that_cannot_be_right_are_refused_naming_the_field(tmp_path, mode, message):
+    manifest = make_qnn_bundle(tmp_path / "b")
+    raw = _raw(manifest)
+    raw["modes"]["lookahead"] = {"pte": "hybrid.pte", "ar_len": 8, **mode}
+    with pytest.raises(UsageError, match=re.escape(message)):
+        load(_save(manifest, raw))

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from farm.results.checks import below_minimum, golden_ids_mismatch, golden_text_mismatch, too_slow
+from farm.results.checks import (
+    below_minimum,
+    golden_ids_mismatch,
+    golden_text_mismatch,
+    lookahead_mismatch,
+    too_slow,
+)
 
 
 def test_a_minimum_is_judged_on_the_median_not_the_best_run():
@@ -51,3 +57,27 @@ def test_a_golden_text_mismatch_shows_the_output_up_to_40_characters_past_the_go
     assert golden_text_mismatch(output, "Once") == (f"output {output[:44]!r} does not start with the "
                                                     f"golden 'Once'")
     assert golden_text_mismatch("Twice", "Once") == "output 'Twice' does not start with the golden 'Once'"
+
+
+HYBRID = [5, 6, 7, 8, 9]
+
+
+@pytest.mark.parametrize("lookahead, problem", [
+    (HYBRID, None),
+    (HYBRID + [10, 11], None),  # ngram 3: a last step may accept two tokens past seq_len
+    (HYBRID + [10, 11, 12], "lookahead decoding wrote 3 tokens past hybrid mode's 5; one step accepts "
+                            "at most ngram - 1 = 2"),
+    (HYBRID[:4], "lookahead decoding stopped after 4 of hybrid mode's 5 generated tokens"),
+    ([5, 6, 0, 8, 9], "lookahead decoding diverges from hybrid mode at generated token 2: [0, 8, 9] vs "
+                      "[7, 8, 9]"),
+    ([4] + HYBRID[1:], "lookahead decoding diverges from hybrid mode at generated token 0: [4, 6, 7, 8, "
+                       "9] vs [5, 6, 7, 8, 9]"),
+    ([], "lookahead decoding stopped after 0 of hybrid mode's 5 generated tokens"),
+], ids=["equal", "overrun within a step", "overrun past a step", "short", "diverges", "first token",
+        "nothing"])
+def test_lookahead_must_write_every_greedy_token_of_hybrid_mode(lookahead, problem):
+    assert lookahead_mismatch(HYBRID, lookahead, ngram=3) == problem
+
+
+def test_lookahead_against_an_empty_hybrid_run_is_never_a_match():
+    assert lookahead_mismatch([], [], ngram=3) is not None

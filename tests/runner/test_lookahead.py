@@ -5,8 +5,8 @@ RUN = runner/runner.cpp, llama.py (how a lookahead model is exported: kv_forward
 next_power_of_two((window + gcap) * (ngram - 1)), prefill_forward as in hybrid mode).
 
 The reference bundle's hybrid .pte decodes with ar_len 1, which leaves no room for guesses; as upstream
-exports a separate lookahead_llama_qnn.pte, this module exports the same reference weights with a
-kv_forward of ar_len 16 (window 4, gcap 4, ngram 3) once per session.
+exports a separate lookahead_llama_qnn.pte, the reference bundle has a lookahead program of the same
+weights with a kv_forward of ar_len 16 (window 4, gcap 4, ngram 3: its manifest's lookahead mode).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import pytest
 import torch
 
+from farm.bundle import manifest as bundle_mod
 from farm.runner import main as runner_main
 from farm.runner.engine import LlamaRunner
 from farm.runner.io_manager import UPDATERS
@@ -26,33 +27,15 @@ WINDOW, GCAP, NGRAM = 4, 4, 3
 CFG = LookaheadConfig(NGRAM, WINDOW, GCAP)
 
 
-def _lower(methods: dict, metadata: dict, path) -> None:
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
-    programs = {name: torch.export.export(m, m.example_inputs(), strict=False)
-                for name, m in methods.items()}
-    edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()],
-                                       constant_methods=metadata)
-    path.write_bytes(edge.to_executorch().buffer)
-
-
 @pytest.fixture(scope="session")
-def lookahead_pte(tiny_bundle, tiny_weights, tmp_path_factory):
-    """The reference weights as upstream's lookahead export: the constant methods of the hybrid
-    .pte, its prefill_forward, and a kv_forward of ar_len next_power_of_two(rows)."""
-    from farm.model.llama import StaticLlama
-
-    hybrid_pte, _ = paths(tiny_bundle, "hybrid")
-    runner = LlamaRunner(hybrid_pte, paths(tiny_bundle, "hybrid")[1], 1, UPDATERS["SmartMask"])
-    names = [n for n in runner.program.method_names if n.startswith("get_")]
-    metadata = {n: int(runner.program.load_method(n).execute([])[0]) for n in names}
-    path = tmp_path_factory.mktemp("lookahead") / "lookahead_llama_xnnpack.pte"
-    cfg = tiny_weights.cfg
-    with torch.no_grad():
-        _lower({"prefill_forward": StaticLlama(tiny_weights, cfg.prefill_ar_len),
-                "kv_forward": StaticLlama(tiny_weights, next_power_of_two(CFG.rows))}, metadata, path)
-    return str(path)
+def lookahead_pte(tiny_bundle):
+    """The reference bundle's lookahead program: upstream's lookahead export of the same weights
+    (the hybrid .pte's constant methods and prefill_forward, a kv_forward of ar_len
+    next_power_of_two(rows)), exported with this module's window, gcap and ngram."""
+    mode = bundle_mod.load(tiny_bundle).modes["lookahead"]
+    assert (mode.ngram, mode.window, mode.gcap) == (NGRAM, WINDOW, GCAP)
+    assert mode.decode_ar_len == next_power_of_two(CFG.rows) == 16
+    return paths(tiny_bundle, "lookahead")[0]
 
 
 def _hybrid(tiny_bundle, updater: str) -> LlamaRunner:
