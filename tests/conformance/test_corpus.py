@@ -32,6 +32,7 @@ from tests.conformance.corpus import (
     entries,
     ident,
 )
+from tests.support.runner import end_on
 
 RUNS = entries("run")
 EXAMPLES = entries("observer.example")
@@ -329,7 +330,6 @@ def test_host_runner_two_turns_follow_the_corpus_rules(kv, tmp_path, monkeypatch
     """The real engine, two --prompt turns, the first stopped by an end token: one observer line per
     call in the corpus's layout, the EOS newline before it, the load times repeated, sampling time
     accumulating, outputs.txt each call's echo then its pieces, the second turn after the first."""
-    from farm.model import template as template_mod
     from farm.model.template import format_prompt
     from farm.model.tokenizer import load_tokenizer
     from farm.runner import cli
@@ -342,13 +342,7 @@ def test_host_runner_two_turns_follow_the_corpus_rules(kv, tmp_path, monkeypatch
             "--token_ids_path", "ids.json"]
     assert cli.exit_code(argv[:-4] + argv[-2:]) == 0  # the first turn alone, to learn its tokens
     end = json.loads((tmp_path / "ids.json").read_text())["generated_ids"][3]
-    init = template_mod.PromptTemplate.__init__
-
-    def with_end_token(self, tokenizer, version):
-        init(self, tokenizer, version)
-        self.eos_ids.add(end)
-
-    monkeypatch.setattr(template_mod.PromptTemplate, "__init__", with_end_token)
+    end_on(monkeypatch, end)
     capsys.readouterr()
     assert cli.exit_code(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out

@@ -18,13 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from farm.model import template as template_mod
 from farm.model.llama import eager_generate
 from farm.model.template import FAMILIES, format_prompt
 from farm.runner import main as runner_main
 from farm.runner.engine import OBSERVER_KEYS, Stats, cpp_double
 from tests.conformance import corpus
-from tests.support.runner import make_runner
+from tests.support.runner import end_on, make_runner
 
 CONTEXT = 128  # the tiny reference model's context length
 
@@ -171,13 +170,7 @@ def test_end_of_sequence_prints_a_newline(kv, in_tmp, capsys, monkeypatch):
             "--seq_len", "40", "--token_ids_path", "ids.json"]
     assert run_cli(argv, capsys)[0] == 0
     third = json.loads((in_tmp / "ids.json").read_text())["generated_ids"][3]
-    init = template_mod.PromptTemplate.__init__
-
-    def with_end_token(self, tokenizer, version):
-        init(self, tokenizer, version)
-        self.eos_ids.add(third)
-
-    monkeypatch.setattr(template_mod.PromptTemplate, "__init__", with_end_token)
+    end_on(monkeypatch, third)
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err
     assert out.startswith(corpus.CORPUS["eos"]["newline"] + corpus.OBSERVER["prefix"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from farm.bundle import manifest as bundle_mod
+from farm.model import template as template_mod
 from farm.runner.engine import LlamaRunner
 from farm.runner.io_manager import UPDATERS
 
@@ -40,3 +41,15 @@ def prompt_of_length(runner: LlamaRunner, n_tokens: int) -> str:
 def greedy(runner: LlamaRunner, prompt: str, seq_len: int) -> tuple[list[int], list[int]]:
     gen = runner.complete(prompt, seq_len)
     return gen.prompt_ids, gen.generated_ids
+
+
+def end_on(monkeypatch, token: int) -> None:
+    """Every prompt template made from now on also ends generation on ``token``: a run that reaches
+    an end token where the test chooses."""
+    init = template_mod.PromptTemplate.__init__
+
+    def with_end_token(self, tokenizer, version):
+        init(self, tokenizer, version)
+        self.eos_ids.add(token)
+
+    monkeypatch.setattr(template_mod.PromptTemplate, "__init__", with_end_token)
