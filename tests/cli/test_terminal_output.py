@@ -121,7 +121,8 @@ def test_export_reports_its_steps_in_order(tmp_path, monkeypatch):
     manifest = export.export_bundle("tiny", tmp_path / "exports",
                                     on_step=lambda *s: steps.append(s))
     assert manifest.is_file()
-    assert steps == [(what, i, 4) for i, what in enumerate(export.STEPS, 1)]
+    assert steps == [(what, i, 5) for i, what in enumerate(export.STEPS, 1)]
+    assert [what for what, _, _ in steps][3] == "lowering the lookahead program"
     cached: list[tuple] = []
     assert export.export_bundle("tiny", tmp_path / "exports", on_step=lambda *s: cached.append(s)) \
         == manifest
