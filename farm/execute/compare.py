@@ -14,7 +14,6 @@ summation order); the largest difference and the first step that differs are rep
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from typing import TYPE_CHECKING
 
 from farm.bundle.manifest import Bundle
@@ -40,6 +39,7 @@ class Comparison:
     # Measured on the reference model (kv, 3 prompts to the end of its context): the layouts differ
     # by at most 1 ulp of a row's largest logit (their summation order); 2 leaves room for one more.
     logits_tolerance_ulp: int = LOGITS_TOLERANCE_ULP
+    _logits_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def compared_by(self) -> str:
@@ -73,10 +73,19 @@ class Comparison:
     def logits_dumped(self) -> list[str]:
         return [u for u in UPDATER_PAIR if u in self.results and self.results[u].logits is not None]
 
-    @cached_property
+    @property
     def _logits(self) -> tuple[LogitsDiff | None, str | None]:
         if self._missing() or len(self.logits_dumped()) < len(UPDATER_PAIR):
             return None, None
+        # Kept for the very results and tolerance it was computed from: a comparison whose results
+        # change (filled in one by one) is judged on what it holds now, never on an older answer.
+        key = (*(id(self.results[u]) for u in UPDATER_PAIR),
+               *(id(self.results[u].logits) for u in UPDATER_PAIR), self.logits_tolerance_ulp)
+        if self._logits_cache is None or self._logits_cache[0] != key:
+            self._logits_cache = (key, self._diff_logits())
+        return self._logits_cache[1]
+
+    def _diff_logits(self) -> tuple[LogitsDiff | None, str | None]:
         from farm.runner.logits import LogitsDumpError, diff_logits, read_logits_bytes  # noqa: PLC0415
         try:
             a, b = (read_logits_bytes(self.results[u]) for u in UPDATER_PAIR)

@@ -270,3 +270,18 @@ def test_a_token_divergence_also_says_where_the_logits_first_differed():
         first: with_logits(first, [5, 6, 7, 8], rows()), second: with_logits(second, [5, 6, 9, 8], b)})
     assert not c.agree and c.first_divergence() == 2
     assert "first difference at decode step 0" in c.explain()
+
+
+def test_a_comparison_judged_before_its_results_were_all_in_is_judged_again_on_them():
+    """The fixture fills the results one updater at a time: a verdict asked in between must not be
+    kept for the finished comparison (it had no logits to compare yet)."""
+    first, second = UPDATER_PAIR
+    b = rows()
+    b[5, 0] += 0.25
+    c = Comparison(serial="S1", mode="kv", prompt="p", seq_len=16,
+                   results={first: with_logits(first, [5, 6, 7, 8], rows())})
+    assert not c.agree and c.logits is None
+    c.results[second] = with_logits(second, [5, 6, 7, 8], b)
+    assert not c.agree and c.logits.first_differing_row == 5
+    c.results[second] = with_logits(second, [5, 6, 7, 8], rows())
+    assert c.agree
