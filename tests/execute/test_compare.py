@@ -285,3 +285,42 @@ def test_a_comparison_judged_before_its_results_were_all_in_is_judged_again_on_t
     assert not c.agree and c.logits.first_differing_row == 5
     c.results[second] = with_logits(second, [5, 6, 7, 8], rows())
     assert c.agree
+
+
+def test_logits_of_another_row_count_say_how_many_each_run_dumped():
+    """The observers count the rows (eval_mode 0: one a prompt token and decode step): a run whose
+    dump holds another count than the other's is a disagreement, with both counts named."""
+    first, second = UPDATER_PAIR
+    longer = with_logits(second, [5, 6, 7, 8], rows(8))
+    longer.observers = [{"prompt_tokens": 4, "generated_tokens": 4}]
+    c = Comparison(serial="S1", mode="kv", prompt="p", seq_len=16,
+                   results={first: with_logits(first, [5, 6, 7, 8], rows()), second: longer})
+    assert not c.agree
+    assert c.explain().endswith("but SmartMask dumped 7 logits rows and ShiftPointer 8")
+
+
+@pytest.mark.parametrize("dumped", list(UPDATER_PAIR))
+def test_the_summary_names_the_one_run_that_dumped(dumped):
+    first, second = UPDATER_PAIR
+    c = logits_comparison(rows() if dumped == first else None, rows() if dumped == second else None)
+    assert c.logits_summary() == f"only {dumped} dumped"
+
+
+def test_a_step_is_named_as_the_first_updaters_run_counts_it():
+    first, second = UPDATER_PAIR
+    b = rows()
+    b[2, 0] += 0.25
+    results = {first: with_logits(first, [5, 6, 7, 8], rows(), n_prompt=3),
+               second: with_logits(second, [5, 6, 7, 8], b)}
+    results[second].observers = [{"prompt_tokens": 2, "generated_tokens": 5}]  # the same 7 rows
+    c = Comparison(serial="S1", mode="kv", prompt="p", seq_len=16, results=results)
+    assert "differ from prompt token 2 on" in c.explain()
+
+
+def test_a_run_without_a_prompt_count_names_the_row():
+    b = rows()
+    b[2, 0] += 0.25
+    c = logits_comparison(rows(), b)
+    for r in c.results.values():
+        r.observers = [{"generated_tokens": 7}]
+    assert "differ from row 2 on" in c.explain()

@@ -80,4 +80,13 @@ def test_lookahead_must_write_every_greedy_token_of_hybrid_mode(lookahead, probl
 
 
 def test_lookahead_against_an_empty_hybrid_run_is_never_a_match():
-    assert lookahead_mismatch([], [], ngram=3) is not None
+    assert lookahead_mismatch([], [], ngram=3) == ("hybrid mode generated no tokens: nothing to check "
+                                                   "lookahead decoding against")
+
+
+def test_a_lookahead_divergence_shows_five_tokens_of_each_from_where_it_starts():
+    hybrid = list(range(10, 30))
+    lookahead = hybrid[:3] + [99] + hybrid[4:]
+    assert lookahead_mismatch(hybrid, lookahead, ngram=3) == (
+        "lookahead decoding diverges from hybrid mode at generated token 3: [99, 14, 15, 16, 17] vs "
+        "[13, 14, 15, 16, 17]")
