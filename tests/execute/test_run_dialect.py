@@ -23,6 +23,13 @@ from tests.execute.run_support import RecordingDevice, runner_script, scripted, 
 from tests.support.runner_help_texts import HOST_RUNNER, QNN_V1_0_1, QNN_V1_1_0
 
 NO_DIALECT = "usage: qnn_llama_runner [options]\nqnn_llama_runner: cannot open libQnnHtp.so\n"
+# A v1.0-dialect runner's help without --dump_logits_path (an older build, or a wrapper hiding it).
+NO_FLAG_HELP = ("qnn_llama_runner: Warning: SetUsageMessage() never called\n\n"
+                "  Flags from examples/qualcomm/oss_scripts/llama/qnn_llama_runner.cpp:\n"
+                "    -kv_updater (How to update kv cache. Choose between SmartMask and ShiftPointer)\n"
+                "      type: string default: \"SmartMask\"\n"
+                "    -model_path (Model serialized in flatbuffer format.) type: string\n"
+                "      default: \"kv_llama_qnn.pte\"\n")
 
 
 @pytest.fixture(autouse=True)
@@ -116,3 +123,29 @@ def test_a_help_showing_no_dialect_is_asked_again_and_an_auto_bundle_cannot_run(
                               f"its dialect ('runner_dialect' is 'auto'): its --help lists none of ")
     assert message.endswith("; --help exited 1: qnn_llama_runner: cannot open libQnnHtp.so; deploy the "
                             "bundle first, or declare the manifest's 'runner_dialect'")
+
+
+@pytest.mark.parametrize("help_text, takes", [(QNN_V1_0_1, True), (HOST_RUNNER, True),
+                                              (NO_FLAG_HELP, False)],
+                         ids=["v1.0.1", "a wrapped host runner", "a help without it"])
+def test_whether_a_runner_takes_a_flag_is_what_its_help_on_that_device_lists(tmp_path, help_text,
+                                                                             takes):
+    dev = device(tmp_path, "dev-a")
+    bundle = deployed(tmp_path, dev, "b", help_text)
+    assert run_mod.takes_flag(dev, bundle, "dump_logits_path") is takes
+    assert run_mod.takes_flag(dev, bundle, "kv_updater")
+    assert not run_mod.takes_flag(dev, bundle, "no_such_flag")
+    assert len(dev.help_calls()) == 1  # asked once, whatever is asked of it
+    other = device(tmp_path, "dev-b")  # another device has not been asked: its answer is its own
+    deploy(other, bundle)
+    assert run_mod.takes_flag(other, bundle, "dump_logits_path") is takes
+    assert len(other.help_calls()) == 1
+
+
+def test_the_farms_host_runner_takes_its_own_flags_without_being_asked(tmp_path):
+    dev = device(tmp_path, "dev-a")
+    bundle = deployed(tmp_path, dev, "h", HOST_RUNNER, dialect="host")
+    assert run_mod.takes_flag(dev, bundle, "dump_logits_path")
+    assert run_mod.takes_flag(dev, bundle, "token_ids_path")
+    assert not run_mod.takes_flag(dev, bundle, "shared_buffer")
+    assert dev.help_calls() == []
