@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
+import shlex
 
 import pytest
 
 from farm.bundle.manifest import describe_file
-from farm.errors import UsageError
+from farm.errors import AdbError, DeviceTimeout, UsageError
 from farm.execute import run as run_mod
-from farm.execute.deploy import deploy
-from farm.execute.run import run
+from farm.execute.deploy import bundle_workspace, deploy
+from farm.execute.run import RunnerCannotStart, run
 from tests.execute.run_support import RecordingDevice, runner_script, scripted, scripted_bundle
 from tests.support.runner_help_texts import HOST_RUNNER, QNN_V1_0_1, QNN_V1_1_0
 
@@ -149,3 +151,63 @@ def test_the_farms_host_runner_takes_its_own_flags_without_being_asked(tmp_path)
     assert run_mod.takes_flag(dev, bundle, "token_ids_path")
     assert not run_mod.takes_flag(dev, bundle, "shared_buffer")
     assert dev.help_calls() == []
+
+
+# -- a --help that does not finish ----------------------------------------------------------------
+
+def _hangs_at_help(command: str):
+    if command.endswith("--help 2>&1"):
+        return DeviceTimeout(f"device dev-a: command did not finish: {command[:40]}", serial="dev-a")
+    return None
+
+
+@pytest.fixture
+def hung(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_mod, "_CANNOT_START", {})
+    dev = device(tmp_path, "dev-a")
+    bundle = deployed(tmp_path, dev, "hangs", QNN_V1_0_1)
+    dev.fail = _hangs_at_help
+    return dev, bundle
+
+
+def test_a_help_that_hangs_while_the_device_answers_is_the_runner_killed_by_its_pid(hung):
+    dev, bundle = hung
+    with pytest.raises(RunnerCannotStart) as caught:
+        run_mod.runner_dialect(dev, bundle, timeout=7)
+    assert "its --help did not finish in 7 s while the device answered (it hangs at start)" in \
+        str(caught.value)
+    shells = [(c, t) for what, c, t in dev.calls if what == "shell"]
+    after = shells[[c for c, _ in shells].index(dev.help_calls()[-1]) + 1:]
+    assert after[0] == ("true", run_mod.ALIVE_TIMEOUT_S)  # the device is asked whether it answers
+    kill, timeout = after[1]
+    pidfile = posixpath.join(bundle_workspace(dev, bundle), run_mod.HELP_PIDFILE)
+    assert timeout == run_mod.KILL_TIMEOUT_S
+    # The pid is killed only while its command line still names the runner; the pid file goes.
+    assert kill == (f"pid=$(cat {shlex.quote(pidfile)} 2>/dev/null) && [ -n \"$pid\" ] && grep -qF -- "
+                    f"{shlex.quote(bundle.runner)} /proc/$pid/cmdline 2>/dev/null && kill -9 $pid; "
+                    f"rm -f {shlex.quote(pidfile)}; true")
+    calls = len(dev.calls)  # remembered: the next test of this bundle here is told at once
+    with pytest.raises(RunnerCannotStart):
+        run_mod.runner_dialect(dev, bundle, timeout=7)
+    assert len(dev.calls) == calls
+
+
+def test_a_help_that_hangs_on_a_device_that_answers_nothing_stays_the_devices_timeout(hung):
+    dev, bundle = hung
+    dev.fail = lambda command: DeviceTimeout(
+        "device dev-a: no answer to " + ("its help" if command.endswith("--help 2>&1") else command),
+        serial="dev-a")
+    with pytest.raises(DeviceTimeout) as caught:
+        run_mod.runner_dialect(dev, bundle, timeout=7)
+    assert not isinstance(caught.value, RunnerCannotStart)
+    assert str(caught.value) == "device dev-a: no answer to its help"  # not the 'true' after it
+    assert run_mod._CANNOT_START == {}  # nothing remembered against the bundle
+
+
+def test_a_hung_help_whose_kill_fails_is_still_the_runners_fault(hung):
+    dev, bundle = hung
+    dev.fail = lambda command: (_hangs_at_help(command) or
+                                (AdbError("device dev-a: kill refused", serial="dev-a")
+                                 if "kill -9" in command else None))
+    with pytest.raises(RunnerCannotStart):
+        run_mod.runner_dialect(dev, bundle, timeout=7)
