@@ -211,3 +211,26 @@ def test_a_hung_help_whose_kill_fails_is_still_the_runners_fault(hung):
                                  if "kill -9" in command else None))
     with pytest.raises(RunnerCannotStart):
         run_mod.runner_dialect(dev, bundle, timeout=7)
+
+
+@pytest.mark.parametrize("library, in_bundle", [("libqnn_executorch_backend.so", True),
+                                                ("libQnnSystem.so", False)],
+                         ids=["a file of the bundle", "a file the bundle lacks"])
+def test_a_runner_the_linker_refuses_names_the_file_and_where_the_bundle_has_it(tmp_path, monkeypatch,
+                                                                               library, in_bundle):
+    monkeypatch.setattr(run_mod, "_CANNOT_START", {})
+    said = f'CANNOT LINK EXECUTABLE "./qnn_llama_runner": library "{library}" not found\n'
+    dev = device(tmp_path, "dev-a")
+    bundle = deployed(tmp_path, dev, "unlinked", said)
+    with pytest.raises(RunnerCannotStart) as caught:
+        run_mod.runner_dialect(dev, bundle, timeout=30)
+    mine = next((f.path for f in bundle.files if f.name == library), None)
+    assert (mine is not None) is in_bundle
+    where = (f"the file it names, {library}, is the bundle's {mine}" if in_bundle else
+             f"the file it names, {library}, is not in the bundle")
+    assert str(caught.value) == (
+        f"{bundle.manifest_path}: runner ./qnn_llama_runner on dev-a cannot start: the dynamic linker "
+        f"refuses it; {where}; the device said: {said.strip()}; the bundle is at fault, not the "
+        f"device: fix its runner or libraries and create it again")
+    assert (caught.value.serial, caught.value.runner, caught.value.culprit) == \
+        ("dev-a", "./qnn_llama_runner", library)
