@@ -67,7 +67,9 @@ def test_renewal_moves_the_deadline_and_lost_fences_at_once(pool):
         time.sleep(0.3)
         lease.renew()
         lease.check()
-    assert lease.remaining_s() > 0.8
+    # 1.2 s after a 1 s lease was taken it still has time left: only the renewals gave it that
+    # (a tighter bound timed the host: 0.78 s left on a loaded CI run)
+    assert lease.remaining_s() > 0
     lease.lost = LeaseError("taken away")  # what the heartbeat sets when a renewal is refused
     with pytest.raises(LeaseLost, match="taken away"):
         lease.check()
