@@ -210,8 +210,9 @@ def check_complete(result: RunResult, command: RunnerCommand) -> None:
 
 def logits_dtype(dialect: Dialect) -> str:
     """The element type of a dump by this dialect's runner (farm/runner/logits.py: the host runner
-    writes its model's float32 logits, qnn_llama_runner the QNN model's quantized uint16)."""
-    return "float32" if dialect == Dialect.HOST else "uint16"
+    writes its model's float32 logits, qnn_llama_runner the QNN model's quantized uint16, both
+    little-endian: the same dtypes as logits.dtype_for, named here without importing numpy)."""
+    return "<f4" if dialect == Dialect.HOST else "<u2"
 
 
 def takes_flag(device: DeviceLike, bundle: Bundle, flag: str) -> bool:
@@ -221,10 +222,15 @@ def takes_flag(device: DeviceLike, bundle: Bundle, flag: str) -> bool:
     if runner_dialect(device, bundle) == Dialect.HOST:
         from farm.runner.cli import FLAGS  # noqa: PLC0415 (light: the host runner's flag table)
         return any(f.name == flag for f in FLAGS)
-    runner = next((f for f in bundle.files if f.role == "runner" and f.name == bundle.runner), None)
     with _HELP_LOCK:
-        text = _HELP.get((device.serial, runner.sha256 if runner else "host-runner"))
+        text = _HELP.get(_help_key(device, bundle))
     return text is not None and flag in help_flags(text)
+
+
+def _help_key(device: DeviceLike, bundle: Bundle) -> tuple[str, str]:
+    """Where the answer of the bundle's runner's ``--help`` on ``device`` is kept in ``_HELP``."""
+    runner = next((f for f in bundle.files if f.role == "runner" and f.name == bundle.runner), None)
+    return device.serial, runner.sha256 if runner else "host-runner"
 
 
 def new_out_name() -> str:
@@ -363,8 +369,7 @@ def runner_dialect(device: DeviceLike, bundle: Bundle, *, timeout: float = HELP_
     ``timeout`` when it hangs."""
     if bundle.runner_dialect == Dialect.HOST:
         return Dialect.HOST
-    runner = next((f for f in bundle.files if f.role == "runner" and f.name == bundle.runner), None)
-    key = (device.serial, runner.sha256 if runner else "host-runner")
+    key = _help_key(device, bundle)
     with _HELP_LOCK:
         text = _HELP.get(key)
         known_failure = _CANNOT_START.get((device.serial, _bundle_key(bundle)))

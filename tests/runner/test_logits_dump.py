@@ -174,3 +174,13 @@ def test_a_diff_reports_the_largest_difference_and_the_first_row_that_differs():
     assert diff_logits(a, nan).first_differing_row == 1 and diff_logits(nan, nan.copy()).identical
     with pytest.raises(LogitsDumpError, match="cannot be compared"):
         diff_logits(a, np.zeros((4, 5), dtype=np.float32))
+
+
+def test_a_run_names_the_dtype_of_its_runners_dump():
+    """farm.execute.run names the dump's dtype without numpy; it must be this module's."""
+    from farm.execute.run import logits_dtype
+    from farm.vocab import Dialect
+
+    assert np.dtype(logits_dtype(Dialect.HOST)) == dtype_for(host_runner=True)
+    for dialect in (Dialect.QNN_V1_0, Dialect.QNN_SHARED_BUFFER):
+        assert np.dtype(logits_dtype(dialect)) == dtype_for(host_runner=False)
