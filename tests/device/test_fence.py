@@ -23,7 +23,7 @@ import pytest
 
 from farm.errors import InfraError, LeaseError, LeaseLost
 from farm.pool import Holder, LeaseRequest, Pool
-from farm.pool.leases import fence_clock, fence_margin
+from farm.pool.leases import HolderClock, fence_clock, fence_margin
 from tests.support.pool import REPO, fake_device
 
 # -- the cheap check ---------------------------------------------------------------------------------
@@ -60,16 +60,35 @@ def test_check_is_local_and_fences_past_the_deadline(pool):
         lease.release()
 
 
+class _HandClock(HolderClock):
+    """A holder's clock that moves only when the test moves it: deadlines on it are exact."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def now(self) -> float:
+        return self.t
+
+
 def test_renewal_moves_the_deadline_and_lost_fences_at_once(pool):
     pool.sync([fake_device("dev0")])
-    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=1.0, timeout_s=5)
-    for _ in range(4):  # 1.2 s in all, beyond the first deadline: each renewal pushes it on
-        time.sleep(0.3)
+    pool.clock = clock = _HandClock()
+    ttl, margin = 30.0, fence_margin(30.0)
+    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=ttl, timeout_s=5)
+    first_deadline = lease.valid_until
+    assert first_deadline is not None and first_deadline <= clock.t + ttl - margin
+    for _ in range(4):  # 80 s on the holder's clock, well past the first deadline
+        clock.t += 20.0
         lease.renew()
+        # Each renewal's deadline counts from its own start: the pool's fresh TTL, less the margin.
+        assert lease.valid_until == pytest.approx(clock.t + ttl - margin, abs=1e-3)
         lease.check()
-    # 1.2 s after a 1 s lease was taken it still has time left: only the renewals gave it that
-    # (a tighter bound timed the host: 0.78 s left on a loaded CI run)
-    assert lease.remaining_s() > 0
+    assert clock.t > first_deadline and lease.remaining_s() == pytest.approx(ttl - margin, abs=1e-3)
+    clock.t += ttl - margin + 1e-2  # just past the deadline: fenced, although the pool still holds it
+    with pytest.raises(LeaseLost, match="not renewed for over its TTL"):
+        lease.check()
+    lease.lost = None
+    lease.renew()
     lease.lost = LeaseError("taken away")  # what the heartbeat sets when a renewal is refused
     with pytest.raises(LeaseLost, match="taken away"):
         lease.check()
