@@ -4,9 +4,10 @@ Killed: a test failed (or timed out) on the mutant. Survived: every test that re
 Equivalent: a survivor judged to behave exactly as the original, recorded with its reason in
 `ci/mutation_equivalents/<module>.toml`; an entry whose mutant no longer makes that change (the source
 moved and mutmut renumbered its mutants) is reported stale and the mutant counts as a survivor again.
-No tests: no selected test reaches the mutated function (listed, not counted in the score).
+No tests: no selected test reaches the mutated function: nothing would notice it, so it counts as
+not killed (select a test that reaches it, or judge it equivalent).
 
-The score is killed / (killed + survived), equivalents left out of both."""
+The score is killed / (killed + survived + no tests), equivalents left out."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     stale: list[tuple[Equivalent, str]] = []
     survivors: dict[str, str] = {}
     for name, status in found.items():
-        if status != "survived":
+        if status not in ("survived", "no tests"):
             continue
         diff = diff_of(name)
         judged = equivalents.get(name)
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                 found[name] = "equivalent"
                 continue
             stale.append((judged, mutated_lines(diff)))
-        survivors[name] = diff
+        if status == "survived":
+            survivors[name] = diff
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for name, status in found.items():
         counts[module_of(name)][status] += 1
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _row(module: str, c: collections.Counter) -> str:
-    judged = c["killed"] + c["survived"]
+    judged = c["killed"] + c["survived"] + c["none"]
     score = f"{100 * c['killed'] / judged:>6.1f}%" if judged else f"{'-':>7}"
     return (f"{module:<32} {c['killed']:>7} {c['survived']:>9} {c['equivalent']:>11} {c['none']:>9} "
             f"{score}")

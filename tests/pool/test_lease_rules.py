@@ -10,8 +10,9 @@ import threading
 import pytest
 
 from farm.config import PoolConfig
-from farm.errors import LeaseError, LeaseTimeout, UsageError
+from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError, UsageError
 from farm.pool import AVAILABLE, LEASED, Holder, LeaseRequest, Pool
+from farm.pool.leases import HolderClock, fence_margin
 from farm.procs import wait_until
 from tests.support.pool import fake_device
 
@@ -260,3 +261,137 @@ def test_leaving_a_lease_that_ended_under_it_raises_unless_already_unwinding(lab
             raise KeyError("the test's own error")  # not hidden by the failed release
     assert any(f"lease {lease.token[:8]} on a8650: not released" in r.getMessage()
                and r.getMessage().endswith("while handling KeyError") for r in caplog.records)
+
+
+# -- a waiter that goes away, a holder that died, a holder's clock that steps back -----------------
+
+
+class _Interrupted(BaseException):
+    """What a Ctrl-C or a pytest timeout raises inside a waiting acquire."""
+
+
+def test_an_interrupted_waiter_leaves_the_queue_and_gives_back_a_device_granted_meanwhile(pool):
+    pool.sync([fake_device("dev0"), fake_device("dev1")])
+    first = pool.acquire(LeaseRequest(serial="dev0"), ALICE, ttl_s=30, timeout_s=0)
+    bob = Holder("bob", "h2", 7)
+
+    def interrupt(_waited: float) -> None:
+        raise _Interrupted
+
+    with pytest.raises(_Interrupted):  # nothing granted: the entry goes, nothing else changes
+        pool.acquire(LeaseRequest(serial="dev0"), bob, ttl_s=30, timeout_s=30, on_wait=interrupt)
+    assert pool.status().queue == []
+    gave_up = [e for e in pool.history() if e.kind == "gave_up"]
+    assert [(e.holder, e.detail) for e in gave_up] == [("bob@h2 pid 7", "acquire interrupted")]
+
+    def grant_then_interrupt(_waited: float) -> None:
+        first.release()  # dispatch grants dev0 to the waiter in this very write...
+        raise _Interrupted  # ...which is interrupted before it reads its grant
+
+    with pytest.raises(_Interrupted):
+        pool.acquire(LeaseRequest(serial="dev0"), bob, ttl_s=30, timeout_s=30,
+                     on_wait=grant_then_interrupt)
+    devices = {d.device.serial: d for d in pool.status().devices}
+    assert devices["dev0"].device.state == AVAILABLE and devices["dev0"].lease is None
+    granted = [e for e in pool.history(serial="dev0") if e.kind in ("leased", "released")]
+    assert [e.kind for e in granted] == ["leased", "released", "leased", "released"]
+    assert granted[2].holder == granted[3].holder == "bob@h2 pid 7"
+    assert pool.status().queue == []
+    assert pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=0).serial == "dev0"
+
+
+def test_a_dead_holders_leases_and_requests_end_and_no_one_elses(pool):
+    pool.sync([fake_device("dev0"), fake_device("dev1"), fake_device("dev2")])
+    dead, alive = Holder("ci", "h1", 41), Holder("ci", "h1", 42)
+    other_host = Holder("ci", "h2", 41)  # the same pid on another host is another process
+    held = [pool.acquire(LeaseRequest(serial=s), dead, ttl_s=30, timeout_s=0) for s in ("dev0", "dev1")]
+    kept = pool.acquire(LeaseRequest(serial="dev2"), alive, ttl_s=30, timeout_s=0)
+    frozen = threading.Event()  # the dead process's waiting acquire: it never polls again
+    in_wait = threading.Event()
+
+    def stopped(_waited: float) -> None:
+        in_wait.set()
+        frozen.wait(30)
+        raise _Interrupted
+
+    outcome: dict[str, object] = {}
+
+    def wait_for_dev2(who: Holder, on_wait) -> None:
+        try:
+            outcome[who.host] = pool.acquire(LeaseRequest(serial="dev2"), who, ttl_s=30,
+                                             timeout_s=30, on_wait=on_wait).serial
+        except BaseException as e:  # noqa: BLE001 - recorded and asserted on below
+            outcome[who.host] = e
+
+    threads = [threading.Thread(target=wait_for_dev2, args=(dead, stopped))]
+    threads[0].start()
+    assert in_wait.wait(30) and [q.holder for q in pool.status().queue] == [dead]
+    threads.append(threading.Thread(target=wait_for_dev2, args=(other_host, None)))
+    threads[1].start()
+    assert wait_until(lambda: len(pool.status().queue) == 2, timeout=30)
+
+    assert sorted(pool.release_holder("h1", 41, "worker gw3 crashed")) == ["dev0", "dev1"]
+    devices = {d.device.serial: d for d in pool.status().devices}
+    assert devices["dev0"].device.state == devices["dev1"].device.state == AVAILABLE
+    assert devices["dev2"].lease is not None and devices["dev2"].lease.token == kept.token
+    assert [q.holder for q in pool.status().queue] == [other_host]
+    abandoned = [e for e in pool.history() if e.kind == "abandoned"]
+    assert [(e.holder, e.detail) for e in abandoned] == \
+        [("ci@h1 pid 41", "holder died: worker gw3 crashed")]
+    for lease in held:
+        with pytest.raises(LeaseError):
+            lease.renew()
+    kept.release()  # the other host's waiter is next: the dead one's request is gone
+    threads[1].join(30)
+    assert outcome["h2"] == "dev2"
+    frozen.set()
+    threads[0].join(30)
+    assert isinstance(outcome["h1"], _Interrupted)
+    assert [e.kind for e in pool.history() if e.kind == "gave_up"] == []  # nothing left to leave
+    assert pool.release_holder("h9", 1, "nobody") == []
+
+
+class _HandClock(HolderClock):
+    def __init__(self) -> None:
+        self.t = 5000.0
+
+    def now(self) -> float:
+        return self.t
+
+
+def test_a_clock_that_steps_back_asks_the_pool_at_once(pool):
+    pool.sync([fake_device("dev0"), fake_device("dev1")])
+    pool.clock = clock = _HandClock()
+    ttl = 30.0
+    live = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=ttl, timeout_s=0)
+    clock.t -= 3600  # the VM was restored, or the clock stepped: the old deadline means nothing now
+    renewed_before = live.info.renewed
+    live.check()  # the pool says it lives: renewed, deadline re-based on the clock as it now reads
+    assert live.info.renewed >= renewed_before
+    assert live.valid_until == pytest.approx(clock.t + ttl - fence_margin(ttl), abs=1e-3)
+
+    ended = pool.acquire(LeaseRequest(serial="dev1"), ttl_s=ttl, timeout_s=0)
+    pool.release(ended.token)  # ended in the pool while the holder's clock says it has 29 s left
+    ended.check()  # no step back: the holder cannot know without asking
+    clock.t -= 10
+    with pytest.raises(LeaseLost, match="dev1"):
+        ended.check()
+    assert isinstance(ended.lost, LeaseError)
+
+    store, pool.store = pool.store, _Unreachable()
+    try:
+        clock.t -= 10
+        with pytest.raises(LeaseLost, match="could not confirm the lease"):
+            live.check()
+    finally:
+        pool.store = store
+
+
+class _Unreachable:
+    """A pool store whose every write fails as a database that went away."""
+
+    def write(self, *args, **kwargs):
+        raise PoolError("connection refused")
+
+    def __getattr__(self, name):
+        raise PoolError("connection refused")

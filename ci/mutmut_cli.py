@@ -1,0 +1,67 @@
+"""mutmut's command line (pinned mutmut==3.8.1), with its string operator told that SQL ignores case.
+
+mutmut mutates every string literal three ways: "XX" around it, all lower case, all upper case. In a
+SQL statement the two case changes are equivalent mutants by definition (keywords and unquoted
+identifiers are case-insensitive on SQLite and PostgreSQL), and each equivalent mutant costs a full run
+of the tests that reach it: farm.pool.leases alone has 38 statements, 76 such mutants, about 20 minutes
+of a 2-core mutation run spent proving nothing. They are dropped here, before they are generated; the
+"XX" mutant of every statement is kept (it breaks the SQL, and a test must notice).
+
+Written by hand because mutmut has no option for it: its operators are a plain list, patched before
+its CLI runs (mutmut forks its workers, so they inherit the patch).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+_SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|ALTER|DROP|WITH)\b"
+                  r"|\b(FROM|WHERE|AND|OR|ORDER BY|GROUP BY|SET|VALUES|IS NULL|LIMIT)\b")
+
+
+def _text(literal: str) -> str:
+    """The text of a simple string literal, without its prefix and quotes."""
+    return literal.lstrip("rRbBuUfF")[1:-1]
+
+
+def is_sql(literal: str) -> bool:
+    """A statement or a clause of one, as this code base writes them: keywords in upper case."""
+    return bool(_SQL.search(_text(literal)))
+
+
+def case_only_sql(original: str, mutated: str) -> bool:
+    """A mutant of a SQL literal that changed nothing but its case."""
+    return is_sql(original) and mutated != original and mutated.lower() == original.lower()
+
+
+def without_sql_case(operator: Callable[[Any], Iterable[Any]]) -> Callable[[Any], Iterable[Any]]:
+    """mutmut's string operator, less the mutants `case_only_sql` names."""
+
+    def operator_string(node: Any) -> Iterable[Any]:
+        for mutant in operator(node):
+            before, after = getattr(node, "value", None), getattr(mutant, "value", None)
+            if isinstance(before, str) and isinstance(after, str) and case_only_sql(before, after):
+                continue
+            yield mutant
+
+    return operator_string
+
+
+def main() -> None:
+    from mutmut.__main__ import cli
+    from mutmut.mutation import mutators
+
+    original = mutators.operator_string
+    # In place: mutmut's file_mutation holds this very list.
+    mutators.mutation_operators[:] = [
+        (kind, without_sql_case(original) if operator is original else operator)
+        for kind, operator in mutators.mutation_operators]
+    sys.argv[0] = "mutmut"
+    cli()
+
+
+if __name__ == "__main__":
+    main()
