@@ -9,9 +9,10 @@ import threading
 
 import pytest
 
-from farm.config import PoolConfig
+from farm.config import FarmConfig, PoolConfig
+from farm.db.base import PoolLost
 from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError, UsageError
-from farm.pool import AVAILABLE, LEASED, Holder, LeaseRequest, Pool
+from farm.pool import AVAILABLE, LEASED, QUARANTINED, Holder, LeaseRequest, Pool
 from farm.pool.leases import HolderClock, fence_margin
 from farm.procs import wait_until
 from tests.support.pool import fake_device
@@ -275,14 +276,18 @@ def test_an_interrupted_waiter_leaves_the_queue_and_gives_back_a_device_granted_
     first = pool.acquire(LeaseRequest(serial="dev0"), ALICE, ttl_s=30, timeout_s=0)
     bob = Holder("bob", "h2", 7)
 
+    entries: list[int] = []
+
     def interrupt(_waited: float) -> None:
+        entries.extend(q.id for q in pool.status().queue)
         raise _Interrupted
 
     with pytest.raises(_Interrupted):  # nothing granted: the entry goes, nothing else changes
         pool.acquire(LeaseRequest(serial="dev0"), bob, ttl_s=30, timeout_s=30, on_wait=interrupt)
     assert pool.status().queue == []
     gave_up = [e for e in pool.history() if e.kind == "gave_up"]
-    assert [(e.holder, e.detail) for e in gave_up] == [("bob@h2 pid 7", "acquire interrupted")]
+    assert [(e.holder, e.detail, e.queue_id) for e in gave_up] == \
+        [("bob@h2 pid 7", "acquire interrupted", entries[0])]
 
     def grant_then_interrupt(_waited: float) -> None:
         first.release()  # dispatch grants dev0 to the waiter in this very write...
@@ -298,6 +303,28 @@ def test_an_interrupted_waiter_leaves_the_queue_and_gives_back_a_device_granted_
     assert granted[2].holder == granted[3].holder == "bob@h2 pid 7"
     assert pool.status().queue == []
     assert pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=0).serial == "dev0"
+
+
+def test_a_waiter_interrupted_while_the_pool_is_unreachable_keeps_its_own_error(pool, caplog):
+    pool.sync([fake_device("dev0")])
+    held = pool.acquire(LeaseRequest(serial="dev0"), ALICE, ttl_s=30, timeout_s=0)
+    store = pool.store
+    entries: list[int] = []
+
+    def pool_goes_then_interrupt(_waited: float) -> None:
+        entries.extend(q.id for q in pool.status().queue)
+        pool.store = _Unreachable()
+        raise _Interrupted
+
+    with caplog.at_level(logging.WARNING, logger="farm.pool.leases"), pytest.raises(_Interrupted):
+        pool.acquire(LeaseRequest(serial="dev0"), Holder("bob", "h2", 7), ttl_s=30, timeout_s=30,
+                     on_wait=pool_goes_then_interrupt)
+    pool.store = store
+    assert [r.getMessage() for r in caplog.records] == [
+        f"leaving queue entry {entries[0]} after an interrupted acquire failed (connection refused); "
+        f"it is dropped as stale later"]
+    assert [q.id for q in pool.status().queue] == entries  # left for the stale sweep, as it says
+    held.release()
 
 
 def test_a_dead_holders_leases_and_requests_end_and_no_one_elses(pool):
@@ -326,6 +353,7 @@ def test_a_dead_holders_leases_and_requests_end_and_no_one_elses(pool):
     threads = [threading.Thread(target=wait_for_dev2, args=(dead, stopped))]
     threads[0].start()
     assert in_wait.wait(30) and [q.holder for q in pool.status().queue] == [dead]
+    dead_entry = pool.status().queue[0].id
     threads.append(threading.Thread(target=wait_for_dev2, args=(other_host, None)))
     threads[1].start()
     assert wait_until(lambda: len(pool.status().queue) == 2, timeout=30)
@@ -336,8 +364,8 @@ def test_a_dead_holders_leases_and_requests_end_and_no_one_elses(pool):
     assert devices["dev2"].lease is not None and devices["dev2"].lease.token == kept.token
     assert [q.holder for q in pool.status().queue] == [other_host]
     abandoned = [e for e in pool.history() if e.kind == "abandoned"]
-    assert [(e.holder, e.detail) for e in abandoned] == \
-        [("ci@h1 pid 41", "holder died: worker gw3 crashed")]
+    assert [(e.holder, e.detail, e.queue_id) for e in abandoned] == \
+        [("ci@h1 pid 41", "holder died: worker gw3 crashed", dead_entry)]
     for lease in held:
         with pytest.raises(LeaseError):
             lease.renew()
@@ -385,13 +413,62 @@ def test_a_clock_that_steps_back_asks_the_pool_at_once(pool):
             live.check()
     finally:
         pool.store = store
+    other = pool.acquire(LeaseRequest(serial="dev1"), ttl_s=ttl, timeout_s=0)
+    pool.store = _Unreachable(PoolLost("the pool file was replaced: its leases are lost"))
+    try:
+        clock.t -= 10
+        with pytest.raises(LeaseLost) as lost:
+            other.check()
+        # The pool that granted the lease is gone: said as the pool says it, not as an outage.
+        assert str(other.lost) == "the pool file was replaced: its leases are lost"
+        assert "could not confirm" not in str(lost.value)
+    finally:
+        pool.store = store
 
 
 class _Unreachable:
-    """A pool store whose every write fails as a database that went away."""
+    """A pool store whose every use fails as a database that went away (or ``error``)."""
 
-    def write(self, *args, **kwargs):
-        raise PoolError("connection refused")
+    def __init__(self, error: PoolError | None = None) -> None:
+        self._error = error or PoolError("connection refused")
 
     def __getattr__(self, name):
-        raise PoolError("connection refused")
+        raise self._error
+
+
+def test_the_configured_pool_settings_and_failure_window_are_the_pools(tmp_path):
+    url = f"sqlite:///{tmp_path / 'pool.db'}"
+    config = FarmConfig(home=tmp_path, adb_servers=[],
+                        pool=PoolConfig(url=url, quarantine_after=2, lease_ttl_s=77.0))
+    with Pool.from_config(config, failure_window_s=3600) as pool:
+        assert pool.quarantine_after == 2 and pool.default_ttl_s == 77.0
+        pool.sync([fake_device("dev0")])
+        assert pool.record_infra_failure("dev0", "adb: closed") is False
+        # Within the window: the same incident (a retry straight back to the device), counted once.
+        assert pool.record_infra_failure("dev0", "adb: closed") is False
+        assert pool.status().devices[0].device.state == AVAILABLE
+    with Pool.from_config(config, failure_window_s=0) as pool:
+        assert pool.record_infra_failure("dev0", "adb: closed again") is True
+        assert pool.status().devices[0].device.state == QUARANTINED
+
+
+def test_touch_keeps_listed_devices_seen_and_names_those_that_need_a_sync(pool):
+    pool.sync([fake_device("dev0"), fake_device("dev1", server="127.0.0.1:25037")])
+    pool.sync([fake_device("dev0")], servers=["127.0.0.1:15037", "127.0.0.1:25037"])  # dev1 gone
+    before = {d.device.serial: d.device.last_seen for d in pool.status().devices}
+    assert pool.touch(["dev0", "dev1", "new9", "dev0"]) == ["dev1", "new9"]
+    after = {d.device.serial: d.device.last_seen for d in pool.status().devices}
+    assert after["dev0"] >= before["dev0"] and after["dev1"] == before["dev1"]
+
+
+def test_prune_drops_only_offline_devices_and_refuses_a_bad_age(pool):
+    pool.sync([fake_device("dev0"), fake_device("dev1")])
+    pool.sync([fake_device("dev0")])  # dev1 went offline just now
+    for age in (-1, float("inf"), float("nan")):
+        with pytest.raises(UsageError, match="prune: the age must be a finite number >= 0"):
+            pool.prune(age)
+    assert pool.prune(3600) == []  # offline for less than an hour: kept
+    assert wait_until(lambda: pool.prune(0) == ["dev1"], timeout=30, interval=0.05)
+    assert [d.device.serial for d in pool.status().devices] == ["dev0"]
+    pruned = [e for e in pool.history() if e.kind == "pruned"]
+    assert [e.serial for e in pruned] == ["dev1"]
