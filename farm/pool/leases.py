@@ -326,6 +326,7 @@ class Pool:
                         # Nothing for us yet: wait without taking the pool's write lock.
                         if on_wait is not None:
                             on_wait(time.monotonic() - began)
+                        assert listener is not None
                         announced = self._wait(listener, queue_id, deadline)
                         continue
                 started = self.clock.now()
@@ -365,14 +366,12 @@ class Pool:
         return Lease(self, outcome.lease, outcome.device, ttl, heartbeat_s,
                      valid_until=started + outcome.remaining_s - fence_margin(ttl))
 
-    def _wait(self, listener: Listener | None, queue_id: int, deadline: float) -> bool:
+    def _wait(self, listener: Listener, queue_id: int, deadline: float) -> bool:
         """Until our grant is announced (True), or the next poll is due (jittered, so that waiters
-        do not poll in lock-step), or the deadline."""
-        interval = max(self.poll_s, PUSHED_POLL_S) if listener and listener.pushes else self.poll_s
+        do not poll in lock-step), or the deadline. (A waiter always listens: it queued, and listened
+        before its first poll.)"""
+        interval = max(self.poll_s, PUSHED_POLL_S) if listener.pushes else self.poll_s
         until = min(deadline, time.monotonic() + interval * random.uniform(0.5, 1.5))
-        if listener is None:
-            time.sleep(max(0.0, until - time.monotonic()))
-            return False
         while (left := until - time.monotonic()) > 0:
             if queue_id in listener.wait(left):
                 return True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 
@@ -472,3 +473,60 @@ def test_prune_drops_only_offline_devices_and_refuses_a_bad_age(pool):
     assert [d.device.serial for d in pool.status().devices] == ["dev0"]
     pruned = [e for e in pool.history() if e.kind == "pruned"]
     assert [e.serial for e in pruned] == ["dev1"]
+
+
+class _Counted:
+    """Counts a pool's write transactions and polls (wrapping its own methods)."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.writes = self.polls = 0
+        write, poll = pool._write, pool._poll
+
+        def counted_write():
+            self.writes += 1
+            return write()
+
+        def counted_poll(queue_id):
+            self.polls += 1
+            return poll(queue_id)
+
+        pool._write, pool._poll = counted_write, counted_poll
+
+
+def test_a_waiter_takes_the_write_lock_only_when_something_changed_for_it(pool_url):
+    # The pool's write lock is the farm's one point of contention: 500 waiters each writing on every
+    # poll would serialize on it. A waiter writes to queue, and otherwise only reads.
+    with Pool.open(pool_url, poll_s=0.01, waiter_stale_s=3600) as waiter_pool, \
+            Pool.open(pool_url) as holders:
+        holders.sync([fake_device("dev0")])
+        held = holders.acquire(LeaseRequest(serial="dev0"), ALICE, ttl_s=30, timeout_s=0)
+        counted = _Counted(waiter_pool)
+        waiter_pool._wait = lambda listener, queue_id, deadline: False  # poll at once, never told
+        got: list[str] = []
+        waiter = threading.Thread(target=lambda: got.append(
+            waiter_pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=30).serial))
+        waiter.start()
+        assert wait_until(lambda: counted.polls >= 20, timeout=30)
+        assert counted.writes == 1  # the write that queued it; its polls changed nothing
+        held.release()  # the releasing write grants dev0 to the waiter (dispatch)
+        waiter.join(30)
+        assert got == ["dev0"]
+        assert counted.writes == 1  # it read its grant: no write of its own
+
+
+def test_a_waiter_reclaims_an_expired_lease_at_its_next_poll(pool_url):
+    with Pool.open(pool_url, poll_s=0.01, waiter_stale_s=3600) as waiter_pool, \
+            Pool.open(pool_url) as holders:
+        holders.sync([fake_device("dev0")])
+        gone = holders.acquire(LeaseRequest(serial="dev0"), ALICE, ttl_s=0.3, timeout_s=0)
+        counted = _Counted(waiter_pool)
+        # Nobody else writes: only the waiter's own poll can notice that the holder stopped renewing.
+        began = time.monotonic()
+        got = waiter_pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=20)
+        # Not a timing of the host: a waiter that misses the expiry sits until its 20 s timeout.
+        assert time.monotonic() - began < 10
+        assert got.serial == "dev0" and got.token != gone.token
+        # Queued, then the reclaiming write its poll asked for (unless the host was so slow that the
+        # lease had expired before the waiter first wrote, and that write reclaimed it).
+        assert counted.writes == (2 if counted.polls else 1)
+        assert [e.kind for e in waiter_pool.history(token=gone.token)] == ["leased", "expired"]
