@@ -23,8 +23,8 @@ import pytest
 
 from farm.errors import InfraError, LeaseError, LeaseLost
 from farm.pool import Holder, LeaseRequest, Pool
-from farm.pool.leases import HolderClock, fence_clock, fence_margin
-from tests.support.pool import REPO, fake_device
+from farm.pool.leases import fence_clock, fence_margin
+from tests.support.pool import REPO, HandClock, fake_device
 
 # -- the cheap check ---------------------------------------------------------------------------------
 
@@ -60,19 +60,9 @@ def test_check_is_local_and_fences_past_the_deadline(pool):
         lease.release()
 
 
-class _HandClock(HolderClock):
-    """A holder's clock that moves only when the test moves it: deadlines on it are exact."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def now(self) -> float:
-        return self.t
-
-
 def test_renewal_moves_the_deadline_and_lost_fences_at_once(pool):
     pool.sync([fake_device("dev0")])
-    pool.clock = clock = _HandClock()
+    pool.clock = clock = HandClock()
     ttl, margin = 30.0, fence_margin(30.0)
     lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=ttl, timeout_s=5)
     first_deadline = lease.valid_until

@@ -14,9 +14,9 @@ from farm.config import FarmConfig, PoolConfig
 from farm.db.base import PoolLost
 from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError, UsageError
 from farm.pool import AVAILABLE, LEASED, QUARANTINED, Holder, LeaseRequest, Pool
-from farm.pool.leases import HolderClock, fence_margin
+from farm.pool.leases import fence_margin
 from farm.procs import wait_until
-from tests.support.pool import fake_device
+from tests.support.pool import HandClock, fake_device
 
 ALICE = Holder("alice", "ci-7", 99, "job-5", "nightly")
 LAB = [fake_device("a8650", "SM8650", "v75", tags=("usb3",)),
@@ -380,17 +380,9 @@ def test_a_dead_holders_leases_and_requests_end_and_no_one_elses(pool):
     assert pool.release_holder("h9", 1, "nobody") == []
 
 
-class _HandClock(HolderClock):
-    def __init__(self) -> None:
-        self.t = 5000.0
-
-    def now(self) -> float:
-        return self.t
-
-
 def test_a_clock_that_steps_back_asks_the_pool_at_once(pool):
     pool.sync([fake_device("dev0"), fake_device("dev1")])
-    pool.clock = clock = _HandClock()
+    pool.clock = clock = HandClock()
     ttl = 30.0
     live = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=ttl, timeout_s=0)
     clock.t -= 3600  # the VM was restored, or the clock stepped: the old deadline means nothing now
@@ -493,40 +485,44 @@ class _Counted:
         pool._write, pool._poll = counted_write, counted_poll
 
 
-def test_a_waiter_takes_the_write_lock_only_when_something_changed_for_it(pool_url):
+@pytest.fixture
+def waiter_and_holders(pool_url):
+    """Two processes' pools on one database: a waiter's, fast to poll and never dropped as stale,
+    and the holders' (dev0 in it); the waiter's writes and polls counted."""
+    with Pool.open(pool_url, poll_s=0.01, waiter_stale_s=3600) as waiter_pool, \
+            Pool.open(pool_url) as holders:
+        holders.sync([fake_device("dev0")])
+        yield waiter_pool, holders, _Counted(waiter_pool)
+
+
+def test_a_waiter_takes_the_write_lock_only_when_something_changed_for_it(waiter_and_holders):
     # The pool's write lock is the farm's one point of contention: 500 waiters each writing on every
     # poll would serialize on it. A waiter writes to queue, and otherwise only reads.
-    with Pool.open(pool_url, poll_s=0.01, waiter_stale_s=3600) as waiter_pool, \
-            Pool.open(pool_url) as holders:
-        holders.sync([fake_device("dev0")])
-        held = holders.acquire(LeaseRequest(serial="dev0"), ALICE, ttl_s=30, timeout_s=0)
-        counted = _Counted(waiter_pool)
-        waiter_pool._wait = lambda listener, queue_id, deadline: False  # poll at once, never told
-        got: list[str] = []
-        waiter = threading.Thread(target=lambda: got.append(
-            waiter_pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=30).serial))
-        waiter.start()
-        assert wait_until(lambda: counted.polls >= 20, timeout=30)
-        assert counted.writes == 1  # the write that queued it; its polls changed nothing
-        held.release()  # the releasing write grants dev0 to the waiter (dispatch)
-        waiter.join(30)
-        assert got == ["dev0"]
-        assert counted.writes == 1  # it read its grant: no write of its own
+    waiter_pool, holders, counted = waiter_and_holders
+    held = holders.acquire(LeaseRequest(serial="dev0"), ALICE, ttl_s=30, timeout_s=0)
+    waiter_pool._wait = lambda listener, queue_id, deadline: False  # poll at once, never told
+    got: list[str] = []
+    waiter = threading.Thread(target=lambda: got.append(
+        waiter_pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=30).serial))
+    waiter.start()
+    assert wait_until(lambda: counted.polls >= 20, timeout=30)
+    assert counted.writes == 1  # the write that queued it; its polls changed nothing
+    held.release()  # the releasing write grants dev0 to the waiter (dispatch)
+    waiter.join(30)
+    assert got == ["dev0"]
+    assert counted.writes == 1  # it read its grant: no write of its own
 
 
-def test_a_waiter_reclaims_an_expired_lease_at_its_next_poll(pool_url):
-    with Pool.open(pool_url, poll_s=0.01, waiter_stale_s=3600) as waiter_pool, \
-            Pool.open(pool_url) as holders:
-        holders.sync([fake_device("dev0")])
-        gone = holders.acquire(LeaseRequest(serial="dev0"), ALICE, ttl_s=0.3, timeout_s=0)
-        counted = _Counted(waiter_pool)
-        # Nobody else writes: only the waiter's own poll can notice that the holder stopped renewing.
-        began = time.monotonic()
-        got = waiter_pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=20)
-        # Not a timing of the host: a waiter that misses the expiry sits until its 20 s timeout.
-        assert time.monotonic() - began < 10
-        assert got.serial == "dev0" and got.token != gone.token
-        # Queued, then the reclaiming write its poll asked for (unless the host was so slow that the
-        # lease had expired before the waiter first wrote, and that write reclaimed it).
-        assert counted.writes == (2 if counted.polls else 1)
-        assert [e.kind for e in waiter_pool.history(token=gone.token)] == ["leased", "expired"]
+def test_a_waiter_reclaims_an_expired_lease_at_its_next_poll(waiter_and_holders):
+    waiter_pool, holders, counted = waiter_and_holders
+    gone = holders.acquire(LeaseRequest(serial="dev0"), ALICE, ttl_s=0.3, timeout_s=0)
+    # Nobody else writes: only the waiter's own poll can notice that the holder stopped renewing.
+    began = time.monotonic()
+    got = waiter_pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=20)
+    # Not a timing of the host: a waiter that misses the expiry sits until its 20 s timeout.
+    assert time.monotonic() - began < 10
+    assert got.serial == "dev0" and got.token != gone.token
+    # Queued, then the reclaiming write its poll asked for (unless the host was so slow that the
+    # lease had expired before the waiter first wrote, and that write reclaimed it).
+    assert counted.writes == (2 if counted.polls else 1)
+    assert [e.kind for e in waiter_pool.history(token=gone.token)] == ["leased", "expired"]

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from farm.device.probe import DeviceInfo
+from farm.pool.leases import HolderClock
 from farm.selftest.postgres import PG_ENV, pg_base_url, with_search_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,6 +38,16 @@ def fake_device(serial: str, soc: str = "SM8650", htp_arch: str | None = "v75", 
     """A discovery record (what farm.devices.discover would report) for ``Pool.sync``."""
     return DeviceInfo(serial=serial, server=server, state=state, soc=soc, htp_arch=htp_arch,
                       model=f"Virtual {soc}", virtual=virtual, tags=tags)
+
+
+class HandClock(HolderClock):
+    """A lease holder's clock that moves only when the test sets ``t``: deadlines on it are exact."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def now(self) -> float:
+        return self.t
 
 
 @pytest.fixture
