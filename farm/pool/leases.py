@@ -762,9 +762,9 @@ class Lease:
             if self.lost is None:
                 self.lost = LeaseError(
                     f"lease {self.token[:8]} on {self.serial} not renewed for over its TTL of "
-                    f"{self.ttl_s:g}s (fence deadline passed {-left:.1f}s ago: the holder stalled, or "
-                    f"the pool could not be reached); the pool may have given the device to another "
-                    f"holder")
+                    f"{self.ttl_s:g}s (fence deadline passed {max(0.0, -left):.1f}s ago: the holder "
+                    f"stalled, or the pool could not be reached); the pool may have given the device "
+                    f"to another holder")
         raise LeaseLost(f"lease on {self.serial} lost: {self.lost}", serial=self.serial)
 
     def _resync(self) -> None:

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -85,6 +86,34 @@ def test_renewal_moves_the_deadline_and_lost_fences_at_once(pool):
     lease.release()
 
 
+def test_the_fence_closes_exactly_at_its_deadline_and_says_by_how_much(pool):
+    pool.sync([fake_device("dev0")])
+    pool.clock = clock = HandClock()
+    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30.0, timeout_s=5)
+    deadline = lease.valid_until
+    clock.t = deadline - 0.5  # half a second left: still ours, and no database call
+    store, pool.store = pool.store, _NoDatabase()
+    try:
+        lease.check()
+        clock.t = deadline  # no time left is not time left
+        with pytest.raises(LeaseLost) as at_deadline:
+            lease.check()
+    finally:
+        pool.store = store
+    assert at_deadline.value.serial == "dev0"
+    assert "fence deadline passed 0.0s ago" in str(at_deadline.value)
+    lease.lost = None  # (the pool still holds it: renewed, then let lapse 2.5 s past the deadline)
+    lease.renew()
+    clock.t = lease.valid_until + 2.5
+    with pytest.raises(LeaseLost) as late:
+        lease.check()
+    assert str(late.value) == (
+        f"lease on dev0 lost: lease {lease.token[:8]} on dev0 not renewed for over its TTL of 30s "
+        f"(fence deadline passed 2.5s ago: the holder stalled, or the pool could not be reached); "
+        f"the pool may have given the device to another holder")
+    lease.release()
+
+
 def test_heartbeat_keeps_the_fence_open(pool):
     pool.sync([fake_device("dev0")])
     with pool.acquire(LeaseRequest(serial="dev0"), ttl_s=0.6, timeout_s=5, heartbeat_s=0.1) as lease:
@@ -92,6 +121,40 @@ def test_heartbeat_keeps_the_fence_open(pool):
             lease.check()
             time.sleep(0.1)
         lease.check()
+
+
+class _BeatClock(HandClock):
+    """A hand clock whose waits return at once and are recorded: each is one heartbeat's interval."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+        self.beats = threading.Semaphore(0)
+
+    def wait(self, event, seconds):
+        self.waits.append(seconds)
+        self.t += seconds
+        self.beats.release()
+        return event.wait(0.01)
+
+
+@pytest.mark.parametrize(("heartbeat_s", "interval"), [(None, 10.0), (4.0, 4.0)])
+def test_the_heartbeat_renews_every_third_of_the_ttl_unless_told(pool, heartbeat_s, interval):
+    pool.sync([fake_device("dev0")])
+    pool.clock = clock = _BeatClock()
+    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30.0, timeout_s=5, heartbeat_s=heartbeat_s)
+    with lease:
+        for _ in range(3):
+            assert clock.beats.acquire(timeout=30)
+        thread = lease._thread
+        # A daemon thread named for the device: a holder that exits is not kept alive by it, and
+        # a stack dump says whose heartbeat it is.
+        assert thread is not None and thread.daemon and thread.name == "lease-heartbeat-dev0"
+        lease.start_heartbeat()  # a second start is the same heartbeat, not another thread
+        assert lease._thread is thread
+        lease.check()  # 3 intervals of the hand clock later: the renewals kept it open
+    assert clock.waits[:3] == [interval] * 3
+    assert not thread.is_alive()
 
 
 class _SlowReader:
