@@ -529,3 +529,15 @@ def test_a_waiter_reclaims_an_expired_lease_at_its_next_poll(waiter_and_holders)
     # lease had expired before the waiter first wrote, and that write reclaimed it).
     assert counted.writes == (2 if counted.polls else 1)
     assert [e.kind for e in waiter_pool.history(token=gone.token)] == ["leased", "expired"]
+
+
+def test_a_status_is_read_at_the_pools_own_now(pool):
+    # `farm pool status` shows ages and expiries against this `now`: it must be the pool's clock,
+    # the one the lease times in the same read were written on.
+    pool.sync([fake_device("dev0")])
+    lease = pool.acquire(LeaseRequest(serial="dev0"), ALICE, ttl_s=30, timeout_s=0)
+    status = pool.status()
+    held = status.devices[0].lease
+    assert held is not None and held.token == lease.token
+    assert held.created <= status.now < held.expires
+    assert pool.history()[-1].at <= status.now
