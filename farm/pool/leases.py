@@ -514,12 +514,8 @@ class Pool:
         for d in matching[:MAX_DESCRIBED_DEVICES]:
             lease = leases.get(d.serial)
             text = f"{d.serial} {d.state}"
-            if d.reason:
+            if d.reason:  # an unseen device's says so: _write marked it offline before this
                 text += f" ({d.reason})"
-            elif (d.state == AVAILABLE and self.liveness_s is not None and d.last_seen is not None
-                  and txn.now - d.last_seen > self.liveness_s):
-                text += (f" (not seen for {txn.now - d.last_seen:.0f}s, over the liveness bound of "
-                         f"{self.liveness_s:g}s: run 'farm pool sync' or 'farm pool watch')")
             if lease:
                 text += (f", held by {lease.holder.describe()} for "
                          f"{txn.now - lease.created:.0f}s, expires in {lease.expires - txn.now:.0f}s")

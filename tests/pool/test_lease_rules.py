@@ -541,3 +541,37 @@ def test_a_status_is_read_at_the_pools_own_now(pool):
     assert held is not None and held.token == lease.token
     assert held.created <= status.now < held.expires
     assert pool.history()[-1].at <= status.now
+
+
+def test_a_timeout_on_an_empty_pool_says_it_has_none(pool):
+    with pytest.raises(LeaseTimeout) as timeout:
+        pool.acquire(LeaseRequest(), timeout_s=0)
+    assert str(timeout.value) == ("no device for request [any device (priority 0)] within 0s: no device "
+                                  "in the pool matches; the pool has 0: none")
+
+
+def test_a_timeout_names_a_device_unseen_past_the_liveness_bound(pool_url):
+    with Pool.open(pool_url, PoolConfig(url=pool_url, liveness_s=0.05)) as pool:
+        pool.sync([fake_device("dev0")])
+        assert wait_until(lambda: pool.status().now - pool.status().devices[0].device.last_seen > 0.1,
+                          timeout=30, interval=0.05)
+        with pytest.raises(LeaseTimeout) as timeout:
+            pool.acquire(LeaseRequest(), timeout_s=0)
+    assert str(timeout.value).startswith(
+        "no device for request [any device (priority 0)] within 0s: 1 of 1 devices match: dev0 offline "
+        "(not seen for ")
+    assert str(timeout.value).endswith(
+        "(liveness bound 0.05s; 'farm pool sync' or 'farm pool watch' refreshes it))")
+
+
+def test_history_is_every_event_from_the_first_and_the_last_n_oldest_first(pool):
+    pool.sync([fake_device("dev0"), fake_device("dev1")])
+    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=0)
+    lease.release()
+    everything = pool.history(limit=None)
+    assert [(e.kind, e.serial) for e in everything] == [
+        ("added", "dev0"), ("added", "dev1"), ("leased", "dev0"), ("released", "dev0")]
+    assert pool.history() == everything  # fewer than the default limit of 100
+    assert pool.history(limit=2) == everything[-2:]
+    assert pool.history(limit=2, after_id=everything[0].id) == everything[-2:]
+    assert pool.history(limit=None, after_id=everything[1].id) == everything[2:]
