@@ -12,7 +12,7 @@ import time
 import pytest
 
 from farm.config import FarmConfig, PoolConfig
-from farm.db.base import PoolLost
+from farm.db.base import Listener, PoolLost
 from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError, UsageError
 from farm.pool import AVAILABLE, LEASED, QUARANTINED, Holder, LeaseRequest, Pool
 from farm.pool.leases import fence_margin
@@ -575,3 +575,50 @@ def test_history_is_every_event_from_the_first_and_the_last_n_oldest_first(pool)
     assert pool.history(limit=2) == everything[-2:]
     assert pool.history(limit=2, after_id=everything[0].id) == everything[-2:]
     assert pool.history(limit=None, after_id=everything[1].id) == everything[2:]
+
+
+class _RecordingListener(Listener):
+    """A waiter's listener that records how long each wait was asked to last (the poll interval
+    as the waiter chose it), passing the wait on to the real listener (or, alone, only sleeping)."""
+
+    def __init__(self, inner: Listener | None, asked: list[float]) -> None:
+        self._inner, self._asked = inner, asked
+        self.pushes = inner.pushes if inner is not None else False
+        self.queue_id = inner.queue_id if inner is not None else None
+
+    def wait(self, timeout: float) -> set[int]:
+        self._asked.append(timeout)
+        return self._inner.wait(timeout) if self._inner is not None else super().wait(timeout)
+
+    def close(self) -> None:
+        if self._inner is not None:
+            self._inner.close()
+
+
+@pytest.mark.parametrize("told", [True, False], ids=["grants-pushed", "no-wake-up"])
+def test_a_waiter_told_of_its_grant_polls_only_as_a_fallback(waiter_and_holders, told):
+    # Told of its grant, a waiter polls about once a second (to notice expiries and lost
+    # notifications), so that 500 waiters do not read the pool 20 times a second each; not told,
+    # it polls every poll_s, jittered so that waiters do not poll in lock-step.
+    waiter_pool, holders, _ = waiter_and_holders
+    held = holders.acquire(LeaseRequest(serial="dev0"), ALICE, ttl_s=30, timeout_s=0)
+    asked: list[float] = []
+    listen = waiter_pool.store.listener
+    waiter_pool.store.listener = lambda queue_id=None: _RecordingListener(
+        listen(queue_id) if told else None, asked)
+    got: list[str] = []
+    waiter = threading.Thread(target=lambda: got.append(
+        waiter_pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=30).serial))
+    waiter.start()
+    try:
+        assert wait_until(lambda: len(asked) >= (1 if told else 60), timeout=10)
+    finally:
+        held.release()
+        waiter.join(30)
+    assert got == ["dev0"]
+    if told:  # PUSHED_POLL_S (1 s) jittered by 0.5-1.5, less what went by before the wait began
+        assert 0.3 < asked[0] <= 1.5, asked
+    else:  # poll_s (0.01 s) jittered by 0.5-1.5, and the jitter is there
+        polls = asked[:60]
+        assert all(0 < t <= 0.015 for t in polls), polls
+        assert min(polls) < 0.008 and max(polls) > 0.012, polls
