@@ -3,9 +3,9 @@
 mutmut mutates every string literal three ways: "XX" around it, all lower case, all upper case. In a
 SQL statement the two case changes are equivalent mutants by definition (keywords and unquoted
 identifiers are case-insensitive on SQLite and PostgreSQL), and each equivalent mutant costs a full run
-of the tests that reach it: farm.pool.leases alone has 38 statements, 76 such mutants, about 20 minutes
-of a 2-core mutation run spent proving nothing. They are dropped here, before they are generated; the
-"XX" mutant of every statement is kept (it breaks the SQL, and a test must notice).
+of the tests that reach it (up to 15 s each in farm.pool.leases): dropping them took the verdict modules
+from 3,833 mutants to 3,759, nearly all of the 74 in the leases. They are dropped here, before they are
+generated; the "XX" mutant of every statement is kept (it breaks the SQL, and a test must notice).
 
 Written by hand because mutmut has no option for it: its operators are a plain list, patched before
 its CLI runs (mutmut forks its workers, so they inherit the patch).
