@@ -345,22 +345,17 @@ class VirtualFarm:
         done; a healthy farm is left as it is (``report.changed`` is False).
         """
         report = HealReport(server=str(self.adb_server))
-        if not self.server.is_running():
-            now = time.monotonic()
-            recent = tuple(t for t in self._adb_restarts if now - t < per_s)
-            if len(recent) >= max_restarts:
-                raise AdbServerDown(
-                    f"{self.server} is down again after {len(recent)} restarts within {per_s:g}s; "
-                    f"not restarting it (log: {self.server.home / 'server.log'})",
-                    server=str(self.adb_server))
-            self._adb_restarts = (*recent, now)
-            log.warning("%s is down; restarting it (restart %d within %gs)", self.server,
-                        len(recent) + 1, per_s)
-            report.server_restarted = self.server.ensure_running(timeout=self.start_timeout)
-            if report.server_restarted and not self.adb_started:
-                self.adb_started = True  # ours now: down() stops it
-                self._save()
-        listed = self.server.devices()
+        # A server killed between answering and listing is down too: a beat that raced the kill
+        # restarts it now rather than reporting an outage it could mend (the restart budget holds).
+        for attempt in range(2):
+            if not self.server.is_running():
+                self._restart_server(report, max_restarts=max_restarts, per_s=per_s)
+            try:
+                listed = self.server.devices()
+                break
+            except AdbServerDown:
+                if attempt or report.server_restarted:
+                    raise  # down again right after a restart: the budget's business, not ours
         for dev in self.devices:
             if not is_device_process(dev.pid, dev.root):
                 report.dead.append(dev.serial)
@@ -377,6 +372,22 @@ class VirtualFarm:
         return report
 
     # --- internals ---------------------------------------------------------------------------
+    def _restart_server(self, report: HealReport, *, max_restarts: int, per_s: float) -> None:
+        now = time.monotonic()
+        recent = tuple(t for t in self._adb_restarts if now - t < per_s)
+        if len(recent) >= max_restarts:
+            raise AdbServerDown(
+                f"{self.server} is down again after {len(recent)} restarts within {per_s:g}s; "
+                f"not restarting it (log: {self.server.home / 'server.log'})",
+                server=str(self.adb_server))
+        self._adb_restarts = (*recent, now)
+        log.warning("%s is down; restarting it (restart %d within %gs)", self.server,
+                    len(recent) + 1, per_s)
+        report.server_restarted = self.server.ensure_running(timeout=self.start_timeout)
+        if report.server_restarted and not self.adb_started:
+            self.adb_started = True  # ours now: down() stops it
+            self._save()
+
     def _merge_state(self) -> None:
         """Take in what another process recorded since this one read the state: a device it
         restarted (new pid) or started. Each device is known by its root."""
