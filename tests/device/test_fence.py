@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,9 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from farm.errors import InfraError, LeaseError, LeaseLost
+from farm.errors import InfraError, LeaseError, LeaseLost, PoolError
 from farm.pool import Holder, LeaseRequest, Pool
+from farm.db.base import PoolLost
 from farm.pool.leases import fence_clock, fence_margin
+from farm.procs import wait_until
 from tests.support.pool import REPO, HandClock, fake_device
 
 # -- the cheap check ---------------------------------------------------------------------------------
@@ -155,6 +158,58 @@ def test_the_heartbeat_renews_every_third_of_the_ttl_unless_told(pool, heartbeat
         lease.check()  # 3 intervals of the hand clock later: the renewals kept it open
     assert clock.waits[:3] == [interval] * 3
     assert not thread.is_alive()
+
+
+def _failing_renewals(pool, *errors):
+    """``pool.renew`` raising each of ``errors`` once, in turn, then renewing for real."""
+    real, left = pool.renew, list(errors)
+
+    def renew(token, ttl_s):
+        if left:
+            raise left.pop(0)
+        return real(token, ttl_s)
+    pool.renew = renew
+
+
+def test_the_heartbeat_rides_out_an_outage_and_says_so(pool, caplog):
+    # A pool that does not answer one renewal is an outage the lease can outlive (the database may be
+    # back before the TTL runs out): the heartbeat warns, in words an operator can act on, and renews
+    # at its next beat. The lease is not lost for it.
+    pool.sync([fake_device("dev0")])
+    pool.clock = clock = _BeatClock()
+    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30.0, timeout_s=5)
+    first = lease.info
+    _failing_renewals(pool, PoolError("pool at sqlite:///x unreachable: disk I/O error"))
+    with caplog.at_level("WARNING", logger="farm.pool.leases"), lease:
+        for _ in range(3):
+            assert clock.beats.acquire(timeout=30)
+        assert wait_until(lambda: lease.info.token == first.token and lease.info is not first, 30)
+        assert lease.lost is None
+        lease.check()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "farm.pool.leases"]
+    assert warnings[0] == (f"lease {lease.token[:8]} on dev0: renewal failed, retrying in 10.0s: "
+                           f"pool at sqlite:///x unreachable: disk I/O error")
+
+
+@pytest.mark.parametrize("error", [
+    LeaseError("lease 1234abcd on dev0 has ended (expired at 12:00:00)"),
+    PoolLost("the pool at sqlite:///x is gone: its file was replaced; its leases are lost"),
+], ids=["lease-ended", "pool-gone"])
+def test_a_renewal_the_pool_refuses_loses_the_lease_for_good(pool, error):
+    # Not an outage: the lease ended, or the pool that granted it is gone (a new, empty one at the
+    # same address would lease the device to anyone). The heartbeat stops and the fence is shut, in
+    # the pool's own words.
+    pool.sync([fake_device("dev0")])
+    pool.clock = clock = _BeatClock()
+    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30.0, timeout_s=5)
+    _failing_renewals(pool, error)
+    lease.start_heartbeat()
+    assert clock.beats.acquire(timeout=30)
+    lease._thread.join(30)
+    assert not lease._thread.is_alive()  # no retry of a refusal
+    assert isinstance(lease.lost, LeaseError) and str(lease.lost) == str(error)
+    with pytest.raises(LeaseLost, match=f"lease on dev0 lost: {re.escape(str(error))}"):
+        lease.check()
 
 
 class _SlowReader:
