@@ -363,8 +363,9 @@ class Pool:
         transaction that read the grant, so never later than the pool's "now" of it): the pool
         cannot have ended the lease before then."""
         assert outcome.lease is not None and outcome.device is not None
-        return Lease(self, outcome.lease, outcome.device, ttl, heartbeat_s,
-                     valid_until=started + outcome.remaining_s - fence_margin(ttl))
+        return Lease(self, outcome.lease, outcome.device, ttl,
+                     valid_until=started + outcome.remaining_s - fence_margin(ttl),
+                     heartbeat_s=heartbeat_s)
 
     def _wait(self, listener: Listener, queue_id: int, deadline: float) -> bool:
         """Until our grant is announced (True), or the next poll is due (jittered, so that waiters
@@ -697,9 +698,11 @@ class Lease:
     info: LeaseInfo
     device: DeviceRecord
     ttl_s: float
+    # The fence deadline on clock.now(): from before the read that granted or found the lease, so
+    # never later than the pool's expiry (the one who read the lease knows when that was).
+    valid_until: float
     heartbeat_s: float | None = None
     lost: LeaseError | None = None
-    valid_until: float | None = None  # fence deadline on clock.now(); None: now + TTL - margin
     clock: HolderClock | None = None  # None: the pool's (this process's clock)
     _wake: threading.Event = field(default_factory=threading.Event, repr=False)  # stop, or renew now
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -712,8 +715,6 @@ class Lease:
             self.clock = self.pool.clock
         # The first reading: a step back from here on is noticed (valid_until is on this scale).
         self._last_read = self.clock.now()
-        if self.valid_until is None:
-            self.valid_until = self._last_read + self.ttl_s - fence_margin(self.ttl_s)
 
     @property
     def token(self) -> str:
@@ -739,7 +740,6 @@ class Lease:
 
     def remaining_s(self) -> float:
         """Seconds until the fence deadline (negative: past it); no database call."""
-        assert self.valid_until is not None
         return self.valid_until - self._now()[0]
 
     def check(self) -> None:
@@ -752,7 +752,7 @@ class Lease:
             if stepped_back:
                 self._resync()
                 now = self._now()[0]
-            left = (self.valid_until or 0.0) - now
+            left = self.valid_until - now
             if self.lost is None and left > 0:
                 return
             if self.lost is None:
@@ -785,8 +785,7 @@ class Lease:
         info = self.pool.renew(self.token, self.ttl_s)
         self.info = info
         deadline = started + (info.expires - info.renewed) - fence_margin(self.ttl_s)
-        self.valid_until = deadline if rebase or stepped_back else max(self.valid_until or 0.0,
-                                                                       deadline)
+        self.valid_until = deadline if rebase or stepped_back else max(self.valid_until, deadline)
 
     def release(self) -> None:
         """End the lease in the pool. LeaseError if it had already ended (expired, taken away)."""

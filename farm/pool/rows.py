@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from farm.db.base import Txn
+from farm.errors import PoolError
 from farm.pool.model import (
     AVAILABLE,
     LEASED,
@@ -74,15 +75,24 @@ def log_event(txn: Txn, kind: str, *, serial: str | None = None, from_state: str
 
 
 def set_state(txn: Txn, serial: str, old: str, new: str, reason: str | None = None) -> None:
-    """Change a device's state (the caller logs the event that explains why)."""
+    """Change a device's state from ``old`` (the caller logs the event that explains why). Writes are
+    serialized, so a device in another state than its caller read is a bug of ours: refused, and the
+    transaction with it, rather than a state machine that skips a step (a leased device made
+    available under its holder)."""
+    # RETURNING, not the row count: PostgreSQL's pipeline mode knows no count before its results.
+    if reason is None:
+        changed = txn.one("UPDATE devices SET state = ?, state_since = ? WHERE serial = ? AND state = ? "
+                          "RETURNING serial", (new, txn.now, serial, old))
+    else:
+        changed = txn.one("UPDATE devices SET state = ?, reason = ?, state_since = ? "
+                          "WHERE serial = ? AND state = ? RETURNING serial",
+                          (new, reason, txn.now, serial, old))
+    if changed is None:
+        row = txn.one("SELECT state FROM devices WHERE serial = ?", (serial,))
+        raise PoolError(f"device {serial}: cannot go from {old} to {new}: it is "
+                        f"{row['state'] if row else 'not in the pool'}; nothing was changed")
     if new == AVAILABLE:
         txn.freed = True
-    if reason is None:
-        txn.run("UPDATE devices SET state = ?, state_since = ? WHERE serial = ?",
-                (new, txn.now, serial))
-    else:
-        txn.run("UPDATE devices SET state = ?, reason = ?, state_since = ? WHERE serial = ?",
-                (new, reason, txn.now, serial))
 
 
 def has_live_lease(txn: Txn, serial: str) -> bool:

@@ -89,6 +89,28 @@ def test_renewal_moves_the_deadline_and_lost_fences_at_once(pool):
     lease.release()
 
 
+def test_a_renewal_that_finishes_late_never_pulls_the_fence_back(pool):
+    # The heartbeat and a check that resyncs can both renew. One that began earlier and is answered
+    # last counts from its own, earlier start: the fence keeps the later deadline it already had.
+    pool.sync([fake_device("dev0")])
+    pool.clock = clock = HandClock()
+    ttl, margin = 30.0, fence_margin(30.0)
+    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=ttl, timeout_s=5)
+    real = pool.renew
+
+    def overtaken(token, ttl_s):
+        pool.renew = real
+        clock.t += 5.0  # meanwhile, another renewal starts 5 s later and is answered first
+        lease.renew()
+        return real(token, ttl_s)
+
+    started = clock.t
+    pool.renew = overtaken
+    lease.renew()
+    assert lease.valid_until == pytest.approx(started + 5.0 + ttl - margin, abs=1e-3)
+    lease.release()
+
+
 def test_the_fence_closes_exactly_at_its_deadline_and_says_by_how_much(pool):
     pool.sync([fake_device("dev0")])
     pool.clock = clock = HandClock()

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from farm.config import PoolConfig
-from farm.errors import LeaseError, LeaseTimeout, UsageError
+from farm.errors import LeaseError, LeaseTimeout, PoolError, UsageError
 from farm.pool import (
     AVAILABLE,
     LEASED,
@@ -19,7 +19,9 @@ from farm.pool import (
     Pool,
     parse_priority,
 )
+from farm.pool.rows import log_event, set_state
 from farm.procs import wait_until
+from farm.vocab import EventKind
 from tests.support.pool import fake_device
 
 
@@ -99,6 +101,51 @@ def test_context_manager_releases_and_heartbeats(pool):
     assert states(pool) == {"dev0": AVAILABLE}
     ends = [e.kind for e in pool.history() if e.kind in ("released", "expired")]
     assert ends == ["released"]
+
+
+def test_a_grant_records_who_holds_the_device_what_they_asked_for_and_until_when(pool):
+    # What `farm pool status` and `farm pool history` show an operator chasing a device: the lease
+    # row and its "leased" event carry the holder, the request as asked, and the pool's clock.
+    pool.sync([fake_device("dev0")])
+    holder = Holder("alice", "ci-7", 4242, ci_job="gh-123", purpose="pr-gate")
+    request = LeaseRequest(socs=["SM8650"], priority=5, tags=())
+    lease = pool.acquire(request, holder, ttl_s=30, timeout_s=0)
+    (held,) = pool.status().devices
+    assert held.device.state == LEASED and held.lease == lease.info
+    info = lease.info
+    assert (info.token, info.serial, info.holder, info.priority) == (lease.token, "dev0", holder, 5)
+    assert info.created == info.renewed and info.expires == pytest.approx(info.created + 30, abs=1e-6)
+    assert (info.ended, info.end_reason) == (None, None)
+    (event,) = [e for e in pool.history() if e.kind == "leased"]
+    assert (event.serial, event.from_state, event.to_state, event.token) == \
+        ("dev0", AVAILABLE, LEASED, lease.token)
+    assert event.holder == "alice@ci-7 pid 4242 job gh-123 (pr-gate)"
+    assert LeaseRequest.from_json(event.detail) == request
+    with pool.store.read() as txn:
+        row = txn.one("SELECT request, queue_id FROM leases WHERE token = ?", (lease.token,))
+    assert row is not None and LeaseRequest.from_json(row["request"]) == request
+    assert row["queue_id"] is not None and row["queue_id"] == event.queue_id
+    assert pool.status().queue == []  # the request that was served is no longer waiting
+
+
+def test_a_state_change_from_a_state_the_device_is_not_in_is_refused_whole(pool):
+    # Writes are serialized, so this is a bug of ours if it ever happens: a leased device must not be
+    # made available under its holder because some path believed it was in another state.
+    pool.sync([fake_device("dev0")])
+    lease = pool.acquire(LeaseRequest(), ttl_s=30, timeout_s=0)
+    before = pool.history(limit=None)
+    with pytest.raises(PoolError, match="device dev0: cannot go from available to offline: "
+                                        "it is leased; nothing was changed"):
+        with pool.store.write() as txn:
+            log_event(txn, EventKind.OFFLINE, serial="dev0", detail="a step that must not land")
+            set_state(txn, "dev0", AVAILABLE, OFFLINE, reason="stale")
+    assert states(pool) == {"dev0": LEASED}
+    assert pool.history(limit=None) == before  # the transaction went with it, its event too
+    with pytest.raises(PoolError, match="device ghost: .* it is not in the pool"):
+        with pool.store.write() as txn:
+            set_state(txn, "ghost", AVAILABLE, OFFLINE)
+    lease.release()
+    assert states(pool) == {"dev0": AVAILABLE}
 
 
 def test_constraints_select_the_right_device(pool):
