@@ -2,8 +2,9 @@
 
 Killed: a test failed (or timed out) on the mutant. Survived: every test that reaches it passed.
 Equivalent: a survivor judged to behave exactly as the original, recorded with its reason in
-`ci/mutation_equivalents/<module>.toml`; an entry whose mutant no longer makes that change (the source
-moved and mutmut renumbered its mutants) is reported stale and the mutant counts as a survivor again.
+`ci/mutation_equivalents/<module>.toml`. An entry is matched by its function and the change it makes
+(the mutated lines), not by mutmut's number, which shifts whenever the function changes; an entry that
+matches no survivor of the run (the code changed, or a test kills it now) is listed, to be dropped.
 No tests: no selected test reaches the mutated function: nothing would notice it, so it counts as
 not killed (select a test that reaches it, or judge it equivalent).
 
@@ -55,8 +56,13 @@ def mutated_lines(diff: str) -> str:
                      if line.startswith("+") and not line.startswith("+++"))
 
 
-def load_equivalents(folder: Path = EQUIVALENTS) -> dict[str, Equivalent]:
-    found: dict[str, Equivalent] = {}
+def function_of(mutant: str) -> str:
+    return mutant.rpartition("__mutmut_")[0]
+
+
+def load_equivalents(folder: Path = EQUIVALENTS) -> dict[tuple[str, str], Equivalent]:
+    """(function, mutated lines) -> the entry judging that change equivalent."""
+    found: dict[tuple[str, str], Equivalent] = {}
     for path in sorted(folder.glob("*.toml")):
         try:
             entries = tomllib.loads(path.read_text()).get("equivalent", [])
@@ -68,8 +74,8 @@ def load_equivalents(folder: Path = EQUIVALENTS) -> dict[str, Equivalent]:
                 raise SystemExit(f"{path}: entry {i + 1} lacks {', '.join(sorted(missing))}")
             if not entry["reason"].strip():
                 raise SystemExit(f"{path}: entry {i + 1} ({entry['mutant']}) gives no reason")
-            found[entry["mutant"]] = Equivalent(entry["mutant"], entry["mutated"].strip(),
-                                                entry["reason"], path)
+            judged = Equivalent(entry["mutant"], entry["mutated"].strip(), entry["reason"], path)
+            found[(function_of(judged.mutant), judged.mutated)] = judged
     return found
 
 
@@ -83,18 +89,17 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     equivalents = load_equivalents()
-    stale: list[tuple[Equivalent, str]] = []
+    used: set[tuple[str, str]] = set()
     survivors: dict[str, str] = {}
     for name, status in found.items():
         if status not in ("survived", "no tests"):
             continue
         diff = diff_of(name)
-        judged = equivalents.get(name)
-        if judged is not None:
-            if mutated_lines(diff) == judged.mutated:
-                found[name] = "equivalent"
-                continue
-            stale.append((judged, mutated_lines(diff)))
+        key = (function_of(name), mutated_lines(diff))
+        if key in equivalents:
+            found[name] = "equivalent"
+            used.add(key)
+            continue
         if status == "survived":
             survivors[name] = diff
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -116,15 +121,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name}")
             if args.diffs:
                 print("\n".join("      " + line for line in diff.splitlines()))
-    if stale:
-        print("\nstale equivalents (the mutant now makes another change; judge it again):")
-        for entry, now in stale:
-            print(f"  {entry.mutant} ({entry.source.name}): recorded {entry.mutated!r}, now {now!r}")
-    unused = sorted(set(equivalents) - set(found))
+    # Only the modules this run mutated: a run of one module says nothing of the others' entries.
+    unused = sorted(e.mutant for key, e in equivalents.items()
+                    if key not in used and module_of(e.mutant) in counts)
     if unused:
-        print("\nequivalents naming no mutant of this run:")
+        print("\nequivalents matching no survivor of this run (the code changed, or a test kills the "
+              "mutant now: drop them):")
         for name in unused:
-            print(f"  {name} ({equivalents[name].source.name})")
+            print(f"  {name}")
     return 0
 
 

@@ -58,3 +58,29 @@ def test_a_mutant_no_test_reaches_counts_against_the_score():
     row = report._row("m", collections.Counter(killed=90, survived=5, equivalent=7, none=5))
     assert row.split()[-1] == "90.0%"  # 90 / (90 + 5 + 5): equivalents left out, untested counted
     assert report._row("m", collections.Counter(equivalent=3)).split()[-1] == "-"
+
+
+def test_an_equivalent_is_matched_by_its_change_not_by_mutmuts_number(tmp_path, monkeypatch, capsys):
+    # mutmut renumbers a function's mutants whenever the function changes: a judgement must follow
+    # the change it judged (and drop out, listed, when that change is gone), never a number.
+    (tmp_path / "farm.m.toml").write_text(
+        '[[equivalent]]\nmutant = "farm.m.x_f__mutmut_3"\nmutated = "n = 3"\nreason = "same default"\n'
+        '[[equivalent]]\nmutant = "farm.m.x_f__mutmut_9"\nmutated = "gone = 1"\nreason = "was so"\n'
+        '[[equivalent]]\nmutant = "farm.other.x_g__mutmut_1"\nmutated = "x"\nreason = "not run"\n')
+    load = report.load_equivalents
+    monkeypatch.setattr(report, "load_equivalents", lambda: load(tmp_path))
+    statuses = {"farm.m.x_f__mutmut_1": "killed", "farm.m.x_f__mutmut_5": "survived",
+                "farm.m.x_f__mutmut_6": "survived", "farm.m.x_h__mutmut_5": "survived"}
+    diffs = {"farm.m.x_f__mutmut_5": "+    n = 3", "farm.m.x_f__mutmut_6": "+    n = 4",
+             "farm.m.x_h__mutmut_5": "+    n = 3"}  # the same text in another function is not it
+    monkeypatch.setattr(report, "results", lambda: dict(statuses))
+    monkeypatch.setattr(report, "diff_of", diffs.__getitem__)
+    assert report.main([]) == 0
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if line.startswith("farm.m ")]
+    assert row.split()[1:] == ["1", "2", "1", "0", "33.3%"]
+    survivors = out.split("survivors")[1].split("equivalents matching")[0]
+    assert "farm.m.x_f__mutmut_6" in survivors and "farm.m.x_h__mutmut_5" in survivors
+    assert "farm.m.x_f__mutmut_5" not in survivors
+    unused = out.split("equivalents matching no survivor")[1]
+    assert "farm.m.x_f__mutmut_9" in unused and "farm.other" not in unused
