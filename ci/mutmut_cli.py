@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 _SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|ALTER|DROP|WITH)\b"
-                  r"|\b(FROM|WHERE|AND|OR|ORDER BY|GROUP BY|SET|VALUES|IS NULL|LIMIT)\b")
+                  r"|\b(FROM|WHERE|AND|OR|ORDER BY|GROUP BY|SET|VALUES|IS NULL|LIMIT)\b"
+                  # a condition built up piece by piece: `column = ?` (a placeholder after an operator)
+                  r"|^\s*\w+\s*(=|<>|!=|<=|>=|<|>)\s*\?\s*$")
 
 
 def _text(literal: str) -> str:

@@ -30,7 +30,11 @@ report = _load("mutation_report")
     ('"DELETE FROM queue WHERE id = ?"', True),
     ('" AND holder_pid = ?"', True),
     ("'UPDATE devices SET state = ?'", True),
+    ('"id > ?"', True),  # a condition Pool.history puts together
+    ('"serial = ?"', True),
     ('"released"', False),
+    ('"is it = ?"', False),  # prose with a question mark is not a condition
+    ('"Lease expired? ask the pool"', False),
     ('"holder died: {why}"', False),
     ('"the pool from which it came"', False),  # lower-case words are prose, not SQL
 ])
