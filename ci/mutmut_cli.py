@@ -1,4 +1,5 @@
-"""mutmut's command line (pinned mutmut==3.8.1), with its string operator told that SQL ignores case.
+"""mutmut's command line (pinned mutmut==3.8.1), with its string operator told that SQL ignores case
+and without its second clean run of the tests (``without_a_second_clean_run``).
 
 mutmut mutates every string literal three ways: "XX" around it, all lower case, all upper case. In a
 SQL statement the two case changes are equivalent mutants by definition (keywords and unquoted
@@ -52,7 +53,30 @@ def without_sql_case(operator: Callable[[Any], Iterable[Any]]) -> Callable[[Any]
     return operator_string
 
 
+def without_a_second_clean_run(main_module: Any) -> None:
+    """After a full stats collection in this process, mutmut's "clean tests" step runs the very same
+    selection on the very same unmutated code again (minutes: the selection's whole run). The stats
+    step already fails the run on any failing test, so the repeat is skipped then; stats loaded from
+    an earlier run (mutants/ kept) still get their clean run."""
+    collect, get_runner = main_module.run_stats_collection, main_module.get_mutant_runner
+    fresh = {"full": False}
+
+    def run_stats_collection(runner: Any, tests: Iterable[str] | None = None) -> None:
+        collect(runner, tests)
+        fresh["full"] = fresh["full"] or not tests  # exits the process on a failing test
+
+    def get_mutant_runner(*args: Any, **kwargs: Any) -> Any:
+        runner = get_runner(*args, **kwargs)
+        clean = runner.run_clean_tests
+        runner.run_clean_tests = lambda tests: 0 if fresh["full"] else clean(tests)
+        return runner
+
+    main_module.run_stats_collection = run_stats_collection
+    main_module.get_mutant_runner = get_mutant_runner
+
+
 def main() -> None:
+    import mutmut.__main__ as main_module
     from mutmut.__main__ import cli
     from mutmut.mutation import mutators
 
@@ -61,6 +85,7 @@ def main() -> None:
     mutators.mutation_operators[:] = [
         (kind, without_sql_case(original) if operator is original else operator)
         for kind, operator in mutators.mutation_operators]
+    without_a_second_clean_run(main_module)
     sys.argv[0] = "mutmut"
     cli()
 

@@ -88,3 +88,33 @@ def test_an_equivalent_is_matched_by_its_change_not_by_mutmuts_number(tmp_path, 
     assert "farm.m.x_f__mutmut_5" not in survivors
     unused = out.split("equivalents matching no survivor")[1]
     assert "farm.m.x_f__mutmut_9" in unused and "farm.other" not in unused
+
+
+def test_the_clean_run_is_skipped_only_after_a_full_stats_run_in_this_process():
+    import types
+
+    calls = []
+
+    class Runner:
+        def run_clean_tests(self, tests):
+            calls.append(("clean", list(tests)))
+            return 1  # a failing clean run: mutmut stops
+
+    def run_stats_collection(runner, tests=None):
+        calls.append(("stats", tests))
+
+    def fresh_module():
+        return types.SimpleNamespace(run_stats_collection=run_stats_collection,
+                                     get_mutant_runner=lambda max_children: Runner())
+
+    loaded = fresh_module()  # stats loaded from mutants/ (a resumed run), a few new tests collected
+    cli.without_a_second_clean_run(loaded)
+    loaded.run_stats_collection(None, tests=["t_new"])
+    assert loaded.get_mutant_runner(2).run_clean_tests(["t"]) == 1
+    assert calls == [("stats", ["t_new"]), ("clean", ["t"])]
+    calls.clear()
+    full = fresh_module()  # the full selection just ran clean in the stats step (its exit code checked)
+    cli.without_a_second_clean_run(full)
+    full.run_stats_collection(None)
+    assert full.get_mutant_runner(2).run_clean_tests(["t"]) == 0
+    assert calls == [("stats", None)]
