@@ -146,6 +146,10 @@ class Store(ABC):
         # The identity (pool_meta.pool_id) of the pool this store opened, set by migrate(): every
         # later transaction checks that it still talks to that pool (PoolLost otherwise).
         self.pool_id: str | None = None
+        # Seconds this process's view of the pool clock runs ahead of the database's. Always 0 but
+        # in tests, which move it to let a TTL run out without sleeping through it (every reading,
+        # Txn.now and {now} alike, moves together; other processes keep the database's clock).
+        self.clock_offset_s = 0.0
 
     @property
     def display_url(self) -> str:
@@ -161,8 +165,15 @@ class Store(ABC):
         with self._lock, self._transaction(write=False) as txn:
             yield txn
 
-    # An SQL expression for the pool clock (epoch seconds), for single statements outside a Txn.
-    now_sql: str
+    # An SQL expression for the database's clock (epoch seconds).
+    clock_sql: str
+
+    @property
+    def now_sql(self) -> str:
+        """The pool clock in SQL, for ``{now}`` in statements (``clock_offset_s`` included)."""
+        if not self.clock_offset_s:
+            return self.clock_sql
+        return f"({self.clock_sql} + {float(self.clock_offset_s)!r})"
 
     def query_one(self, sql: str, params: tuple = ()) -> dict[str, Any]:
         """One single-row statement outside an explicit transaction: a waiter's cheap poll."""

@@ -38,7 +38,7 @@ MAX_IDLE_LISTENERS = 4
 
 class PostgresStore(Store):
     dialect = "postgresql"
-    now_sql = "extract(epoch FROM clock_timestamp())"
+    clock_sql = "extract(epoch FROM clock_timestamp())"
     # True: commit without the WAL flush and flush right after, outside the pool lock (see
     # _transaction). Off by default: bench/bench_pool.py (backend postgres-flush) measured it better
     # at p99 but worse at p50 and utilisation on a 2-core host saturated by other work; decide on a
@@ -116,7 +116,7 @@ class PostgresStore(Store):
                     if not seen:
                         seen.append(clock.fetchone())
                         self._check_identity(seen[0]["pool_id"])
-                    return seen[0]["now"]
+                    return seen[0]["now"] + self.clock_offset_s
 
                 yield Txn(cur, read_clock, placeholder="%s", notify_channel=self._channel,
                           now_sql=self.now_sql, new_cursor=conn.cursor)

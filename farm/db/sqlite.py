@@ -48,7 +48,7 @@ def sqlite_path(url: str) -> Path:
 class SqliteStore(Store):
     dialect = "sqlite"
     # The host clock, as time.time() reads it (julianday has millisecond resolution).
-    now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
+    clock_sql = "((julianday('now') - 2440587.5) * 86400.0)"
 
     def __init__(self, url: str, *, lock_timeout_s: float = 30.0):
         super().__init__(url)
@@ -114,7 +114,7 @@ class SqliteStore(Store):
             raise PoolError(f"pool {self.url}: cannot start a transaction within "
                             f"{self._lock_timeout_s:g}s: {e}") from e
         try:
-            txn = Txn(conn.cursor(), time.time(), now_sql=self.now_sql)
+            txn = Txn(conn.cursor(), time.time() + self.clock_offset_s, now_sql=self.now_sql)
             yield txn
             conn.execute("COMMIT")
         except sqlite3.Error as e:

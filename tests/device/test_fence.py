@@ -28,7 +28,7 @@ from farm.pool import Holder, LeaseRequest, Pool
 from farm.db.base import PoolLost
 from farm.pool.leases import fence_clock, fence_margin
 from farm.procs import wait_until
-from tests.support.pool import REPO, HandClock, fake_device
+from tests.support.pool import REPO, BeatClock, HandClock, fake_device
 
 # -- the cheap check ---------------------------------------------------------------------------------
 
@@ -42,20 +42,20 @@ class _NoDatabase:
 
 def test_check_is_local_and_fences_past_the_deadline(pool):
     pool.sync([fake_device("dev0")])
-    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=0.6, timeout_s=5)
+    pool.clock = clock = HandClock(pool=pool)
+    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30.0, timeout_s=5)
     store, pool.store = pool.store, _NoDatabase()
     try:
         lease.check()  # fresh: fine, and no database call
-        assert 0 < lease.remaining_s() <= 0.6
-        time.sleep(0.6)  # no heartbeat: the deadline passes (minus the margin, a tenth of the TTL)
+        assert 0 < lease.remaining_s() <= 30.0
+        clock.t += 30.0  # no heartbeat: the deadline passes (minus the margin)
         with pytest.raises(LeaseLost, match="dev0.*not renewed for over its TTL") as caught:
             lease.check()
         assert isinstance(caught.value, InfraError) and caught.value.serial == "dev0"
         assert isinstance(lease.lost, LeaseError)
     finally:
         pool.store = store
-    # Once fenced, it stays fenced, even if a renewal then succeeds (the pool had not expired it yet).
-    time.sleep(0.1)
+    clock.t += 1.0  # and past the pool's own expiry: a renewal now is refused
     with pytest.raises(LeaseError, match="expired"):
         lease.renew()
     with pytest.raises(LeaseLost):
@@ -140,33 +140,25 @@ def test_the_fence_closes_exactly_at_its_deadline_and_says_by_how_much(pool):
 
 
 def test_heartbeat_keeps_the_fence_open(pool):
+    # Twice the TTL on the holder's clock and the pool's alike: only the heartbeat's renewals keep
+    # the fence open, at every beat, and leave it a full TTL (less the margin) after the last.
     pool.sync([fake_device("dev0")])
-    with pool.acquire(LeaseRequest(serial="dev0"), ttl_s=0.6, timeout_s=5, heartbeat_s=0.1) as lease:
-        for _ in range(12):  # 1.2 s: twice the TTL
+    pool.clock = clock = BeatClock(pool=pool, beats=6)
+    ttl = 30.0
+    with pool.acquire(LeaseRequest(serial="dev0"), ttl_s=ttl, timeout_s=5, heartbeat_s=10.0) as lease:
+        first = lease.info
+        for _ in range(6):  # 60 s
+            assert clock.beats.acquire(timeout=30)
             lease.check()
-            time.sleep(0.1)
+        assert wait_until(lambda: lease.info.renewed - first.renewed >= 60.0, timeout=30)
         lease.check()
-
-
-class _BeatClock(HandClock):
-    """A hand clock whose waits return at once and are recorded: each is one heartbeat's interval."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[float] = []
-        self.beats = threading.Semaphore(0)
-
-    def wait(self, event, seconds):
-        self.waits.append(seconds)
-        self.t += seconds
-        self.beats.release()
-        return event.wait(0.01)
+        assert lease.remaining_s() == pytest.approx(ttl - fence_margin(ttl), abs=1e-3)
 
 
 @pytest.mark.parametrize(("heartbeat_s", "interval"), [(None, 10.0), (4.0, 4.0)])
 def test_the_heartbeat_renews_every_third_of_the_ttl_unless_told(pool, heartbeat_s, interval):
     pool.sync([fake_device("dev0")])
-    pool.clock = clock = _BeatClock()
+    pool.clock = clock = BeatClock()
     lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30.0, timeout_s=5, heartbeat_s=heartbeat_s)
     with lease:
         for _ in range(3):
@@ -198,7 +190,7 @@ def test_the_heartbeat_rides_out_an_outage_and_says_so(pool, caplog):
     # back before the TTL runs out): the heartbeat warns, in words an operator can act on, and renews
     # at its next beat. The lease is not lost for it.
     pool.sync([fake_device("dev0")])
-    pool.clock = clock = _BeatClock()
+    pool.clock = clock = BeatClock()
     lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30.0, timeout_s=5)
     first = lease.info
     _failing_renewals(pool, PoolError("pool at sqlite:///x unreachable: disk I/O error"))
@@ -222,7 +214,7 @@ def test_a_renewal_the_pool_refuses_loses_the_lease_for_good(pool, error):
     # same address would lease the device to anyone). The heartbeat stops and the fence is shut, in
     # the pool's own words.
     pool.sync([fake_device("dev0")])
-    pool.clock = clock = _BeatClock()
+    pool.clock = clock = BeatClock()
     lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30.0, timeout_s=5)
     _failing_renewals(pool, error)
     lease.start_heartbeat()

@@ -191,6 +191,6 @@ def test_exit_zero_without_outputs_is_incomplete(deployed):
 def test_timeout_kills_the_runner_and_removes_the_run(deployed):
     device, bundle = deployed
     with pytest.raises(DeviceTimeout):
-        run(device, bundle, RunRequest(prompts=["HANG"]), timeout=2)
+        run(device, bundle, RunRequest(prompts=["HANG"]), timeout=0.5)  # it never ends: any bound
     assert "kill -9" in device.commands[-1] and "rm -rf" in device.commands[-1]
     assert not list((_ws(device, bundle) / "runs").iterdir())

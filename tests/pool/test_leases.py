@@ -22,7 +22,7 @@ from farm.pool import (
 from farm.pool.rows import log_event, set_state
 from farm.procs import wait_until
 from farm.vocab import EventKind
-from tests.support.pool import fake_device
+from tests.support.pool import BeatClock, HandClock, fake_device
 
 
 def states(pool: Pool) -> dict[str, str]:
@@ -62,8 +62,9 @@ def test_release_with_wrong_or_stale_token_fails_clearly(pool):
 
 def test_expired_lease_is_reclaimed_by_next_request(pool):
     pool.sync([fake_device("dev0")])
-    first = pool.acquire(LeaseRequest(), Holder("a", "h", 1), ttl_s=0.2, timeout_s=1)
-    time.sleep(0.4)  # no heartbeat: the lease runs out
+    pool.clock = clock = HandClock(pool=pool)
+    first = pool.acquire(LeaseRequest(), Holder("a", "h", 1), ttl_s=30, timeout_s=1)
+    clock.t += 31  # no heartbeat: the lease runs out
     second = pool.acquire(LeaseRequest(), Holder("b", "h", 2), ttl_s=30, timeout_s=5)
     assert second.serial == "dev0" and second.token != first.token
     with pytest.raises(LeaseError, match="expired"):
@@ -74,12 +75,14 @@ def test_expired_lease_is_reclaimed_by_next_request(pool):
 
 def test_renew_extends_the_lease(pool):
     pool.sync([fake_device("dev0")])
-    lease = pool.acquire(LeaseRequest(), ttl_s=0.5, timeout_s=1)
+    pool.clock = clock = HandClock(pool=pool)
+    lease = pool.acquire(LeaseRequest(), ttl_s=30, timeout_s=1)
     before = lease.info.expires
     lease.ttl_s = 60
     lease.renew()
-    assert lease.info.expires > before + 50
-    time.sleep(0.7)  # past the first TTL: the renewal must have kept it
+    assert lease.info.expires == pytest.approx(lease.info.renewed + 60, abs=1e-6)
+    assert lease.info.expires > before + 29
+    clock.t += 45  # past the first TTL: the renewal must have kept it
     with pytest.raises(LeaseTimeout):
         pool.acquire(LeaseRequest(), ttl_s=1, timeout_s=0)
     lease.release()
@@ -87,15 +90,16 @@ def test_renew_extends_the_lease(pool):
 
 def test_context_manager_releases_and_heartbeats(pool):
     pool.sync([fake_device("dev0")])
-    with pool.acquire(LeaseRequest(), ttl_s=1, timeout_s=1, heartbeat_s=0.1) as lease:
+    # 70 s on both clocks, holder's and pool's, with a TTL of 30: only the heartbeat keeps the lease.
+    pool.clock = BeatClock(pool=pool, beats=7)
+    with pool.acquire(LeaseRequest(), ttl_s=30, timeout_s=1, heartbeat_s=10) as lease:
         first = lease.info
-        assert wait_until(lambda: lease.info.renewed > first.renewed, timeout=30), \
-            "the heartbeat never renewed the lease"
-        time.sleep(2.5)  # over twice the TTL: only the heartbeat keeps the lease
+        assert wait_until(lambda: lease.info.renewed - first.renewed >= 70.0, timeout=30), \
+            "the heartbeat did not renew the lease at every beat"
         assert lease.lost is None
         held = pool.status().devices[0]
         assert held.device.state == LEASED and held.lease.token == lease.token
-        assert held.lease.renewed > first.renewed and held.lease.expires > first.expires + 1
+        assert held.lease.renewed == lease.info.renewed and held.lease.expires > first.expires + 69
         with pytest.raises(LeaseTimeout):  # not expired, so not reclaimed by another request
             pool.acquire(LeaseRequest(), ttl_s=1, timeout_s=0)
     assert states(pool) == {"dev0": AVAILABLE}

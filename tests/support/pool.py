@@ -18,6 +18,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,13 +42,46 @@ def fake_device(serial: str, soc: str = "SM8650", htp_arch: str | None = "v75", 
 
 
 class HandClock(HolderClock):
-    """A lease holder's clock that moves only when the test sets ``t``: deadlines on it are exact."""
+    """A lease holder's clock that moves only when the test sets ``t``: deadlines on it are exact.
+    Given a pool, the pool's clock moves with it (``Store.clock_offset_s``): a TTL runs out, or is
+    renewed in time, on both sides at once, and nobody sleeps through it."""
 
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
+    def __init__(self, t: float = 1000.0, *, pool: Any = None) -> None:
+        self._store = pool.store if pool is not None else None
+        self._t = t
+
+    @property
+    def t(self) -> float:
+        return self._t
+
+    @t.setter
+    def t(self, value: float) -> None:
+        if self._store is not None:
+            self._store.clock_offset_s += value - self._t
+        self._t = value
 
     def now(self) -> float:
-        return self.t
+        return self._t
+
+
+class BeatClock(HandClock):
+    """A hand clock whose waits (each one heartbeat's interval) pass at once, moving the clock on by
+    the interval, and are recorded. After ``beats`` waits (None: never) time stops: the next wait
+    lasts until the heartbeat is stopped, so the test reads a settled lease."""
+
+    def __init__(self, *, pool: Any = None, beats: int | None = None) -> None:
+        super().__init__(pool=pool)
+        self.waits: list[float] = []
+        self.beats = threading.Semaphore(0)
+        self._budget = beats
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        if self._budget is not None and len(self.waits) >= self._budget:
+            return event.wait(60)
+        self.waits.append(seconds)
+        self.t += seconds
+        self.beats.release()
+        return event.wait(0.01)
 
 
 @pytest.fixture
