@@ -13,6 +13,7 @@ import dataclasses
 import json
 import posixpath
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -204,13 +205,37 @@ def test_a_help_that_hangs_on_a_device_that_answers_nothing_stays_the_devices_ti
     assert run_mod._CANNOT_START == {}  # nothing remembered against the bundle
 
 
-def test_a_hung_help_whose_kill_fails_is_still_the_runners_fault(hung):
+def test_a_hung_help_whose_kill_fails_is_still_the_runners_fault(hung, caplog):
     dev, bundle = hung
     dev.fail = lambda command: (_hangs_at_help(command) or
                                 (AdbError("device dev-a: kill refused", serial="dev-a")
                                  if "kill -9" in command else None))
-    with pytest.raises(RunnerCannotStart):
+    with caplog.at_level("WARNING", logger="farm.execute.run"), \
+            pytest.raises(RunnerCannotStart) as caught:
         run_mod.runner_dialect(dev, bundle, timeout=7)
+    # What the device said is the timeout's own story; the failed kill is a warning beside it.
+    timed_out = str(_hangs_at_help(dev.help_calls()[-1]))
+    assert caught.value.said == timed_out
+    assert str(caught.value) == (
+        f"{bundle.manifest_path}: runner ./qnn_llama_runner on dev-a cannot start: its --help did not "
+        f"finish in 7 s while the device answered (it hangs at start); the device said: {timed_out}; "
+        f"the bundle is at fault, not the device: fix its runner or libraries and create it again")
+    assert [r.getMessage() for r in caplog.records if r.name == "farm.execute.run"] == \
+        ["device dev-a: killing a hung --help failed: device dev-a: kill refused"]
+
+
+def test_a_runner_the_shell_cannot_run_and_that_says_nothing_is_told_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_mod, "_CANNOT_START", {})
+    dev = device(tmp_path, "dev-a")
+    bundle = deployed(tmp_path, dev, "silent", "")
+    (Path(bundle_workspace(dev, bundle)) / bundle.runner).write_text("#!/bin/sh\nexit 127\n")
+    with pytest.raises(RunnerCannotStart) as caught:
+        run_mod.runner_dialect(dev, bundle, timeout=30)
+    assert caught.value.said == "" and caught.value.culprit == "./qnn_llama_runner"
+    assert str(caught.value) == (
+        f"{bundle.manifest_path}: runner ./qnn_llama_runner on dev-a cannot start: the shell cannot "
+        f"run it (exit 127); the device said: (nothing); the bundle is at fault, not the device: fix "
+        f"its runner or libraries and create it again")
 
 
 @pytest.mark.parametrize("library, in_bundle", [("libqnn_executorch_backend.so", True),

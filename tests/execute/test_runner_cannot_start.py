@@ -60,6 +60,12 @@ BROKEN_RUNNERS = {
     ("/system/bin/sh: ./qnn_llama_runner: can't execute: Exec format error\n", 126,
      "the shell cannot run it (exit 126)", None),
     ("", 139, "it was killed by SIGSEGV at start (exit 139)", None),
+    ("", 129, "it was killed by SIGHUP at start (exit 129)", None),  # the first signal's death
+    # a refusal that quotes no file: the linker's own trouble, nobody's file to name
+    ('CANNOT LINK EXECUTABLE "./qnn_llama_runner": out of memory\n', 1,
+     "the dynamic linker refuses it", None),
+    ('E QnnDsp: dlopen failed: library "libQnnHtp.so" not found\n', 1,
+     "a library it loads is refused", "libQnnHtp.so"),
 ])
 def test_a_runner_that_cannot_start_is_told_by_its_help(text, code, reason, culprit):
     assert start_failure(text, code) == (reason, culprit)
@@ -83,6 +89,10 @@ def test_a_library_that_cannot_be_loaded_is_named(text, library):
     ("usage: stand-in\n", 0),  # a stand-in script that knows no flags
     ("/system/bin/sh: cd: /data/local/tmp/ptefarm/x: No such file or directory\n", 2),  # not deployed
     ("runner: finished with status 255\n", 255),  # a runner's own exit code, no signal's (128+127)
+    # it complained of a library and went on to exit 0: it started (the library was optional)
+    ('E QnnDsp: dlopen failed: library "libQnnHtpV79Stub.so" not found\n', 0),
+    ("", None),  # no exit code known (the shell did not say): nothing to judge by
+    ("", 128),  # 128 + 0: no signal
 ])
 def test_a_runner_that_started_is_not_called_broken(text, code):
     assert start_failure(text, code) is None

@@ -40,6 +40,10 @@ if prompts and prompts[0] == "HANG":
 if prompts and prompts[0] == "FAIL":
     print("fake runner: cannot load model", file=sys.stderr)
     sys.exit(7)
+if prompts and prompts[0] == "NOLIB":  # QNN's dlopen of its backend, while running, is refused
+    print("[ERROR] [Qnn ExecuTorch]: dlopen failed: library \"libQnnHtp.so\" not found",
+          file=sys.stderr)
+    sys.exit(1)
 report = {"argv": sys.argv[1:], "prompts": prompts, "cwd": os.getcwd(),
           "env": {k: os.environ.get(k) for k in ("LD_LIBRARY_PATH", "ADSP_LIBRARY_PATH")},
           "model": open(opts["--model_path"], "rb").read().decode()}
@@ -48,6 +52,9 @@ with open(opts["--output_path"], "w") as f:
 if "--token_ids_path" in opts:  # a runner speaking the host runner's dialect writes its ids too
     with open(opts["--token_ids_path"], "w") as f:
         json.dump({"prompt_ids": [1, 2], "generated_ids": [3, 4]}, f)
+if "--dump_logits_path" in opts:  # two steps of four uint16 logits, as qnn_llama_runner writes them
+    with open(opts["--dump_logits_path"], "wb") as f:
+        f.write(bytes(range(16)))
 with open(opts["--performance_output_path"], "w") as f:  # a fixed, updater-dependent speed
     f.write("50.0\n" if opts.get("--kv_updater") == "ShiftPointer" else "42.5\n")
 print("PyTorchObserver " + json.dumps({"prompt_tokens": 10, "generated_tokens": 11,
