@@ -119,7 +119,8 @@ class _Cancelled(Exception):
 
 
 class _Source:
-    """A host file as ``device.push`` reads it: hashed as read when ``hashing``; a read after
+    """A host file as ``device.push`` reads it (with ``readinto``, as DeviceLike.push promises: no
+    ``read``, which nothing would call): hashed as read when ``hashing``; a read after
     ``cancel`` is set raises ``_Cancelled``, which ends the push (its stream closes, the device drops
     the partial file)."""
 
@@ -135,14 +136,6 @@ class _Source:
         if n and self.hash is not None:
             self.hash.update(memoryview(buf)[:n])
         return n or 0
-
-    def read(self, size: int = -1) -> bytes:
-        if self.cancel.is_set():
-            raise _Cancelled
-        data = self.raw.read(size)
-        if self.hash is not None:
-            self.hash.update(data)
-        return data
 
 
 class _Progress:
