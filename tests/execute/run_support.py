@@ -41,7 +41,8 @@ while i < len(args):
     i += 2
 script = json.loads(prompts[0])
 time.sleep(script.get("sleep", 0))
-files = {"outputs_hex": "--output_path", "speed": "--performance_output_path", "ids": "--token_ids_path"}
+files = {"outputs_hex": "--output_path", "speed": "--performance_output_path", "ids": "--token_ids_path",
+         "logits_hex": "--dump_logits_path"}
 for key, flag in files.items():
     if key in script and flag in opts:
         data = bytes.fromhex(script[key]) if key.endswith("_hex") else script[key].encode()
@@ -58,8 +59,8 @@ def runner_script(help_text: str) -> str:
 
 
 def scripted(*, text: str | bytes | None = None, speed: str | None = None, ids: Any = None,
-             stdout: str = "", stderr: str = "", code: int = 0, sleep: float = 0,
-             **request: Any) -> RunRequest:
+             logits: bytes | None = None, stdout: str = "", stderr: str = "", code: int = 0,
+             sleep: float = 0, **request: Any) -> RunRequest:
     """A request whose runner leaves ``text`` as outputs.txt (bytes as they are, str as UTF-8; None:
     no file), ``speed`` as the speed file and ``ids`` (JSON-encoded unless a str) as token_ids.json."""
     script: dict[str, Any] = {"stdout": stdout, "stderr": stderr, "code": code, "sleep": sleep}
@@ -69,6 +70,8 @@ def scripted(*, text: str | bytes | None = None, speed: str | None = None, ids: 
         script["speed"] = speed
     if ids is not None:
         script["ids"] = ids if isinstance(ids, str) else json.dumps(ids)
+    if logits is not None:  # written where --dump_logits_path says (the request must ask for it)
+        script["logits_hex"] = logits.hex()
     return RunRequest(prompts=[json.dumps(script)], **request)
 
 

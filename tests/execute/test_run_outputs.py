@@ -11,8 +11,10 @@ from farm.execute import run as run_mod
 from farm.execute.deploy import deploy
 from farm.execute.run import RunnerCannotStart, RunnerFailed, logits_dtype, run
 from farm.execute.runprofile import Dialect, RunRequest
+from tests.execute.run_support import RecordingDevice, scripted, scripted_bundle
 from tests.support.devices import make_qnn_bundle
 from tests.support.fake_device import FakeDevice
+from tests.support.runner_help_texts import HOST_RUNNER, QNN_V1_0_1
 
 
 @pytest.fixture
@@ -40,6 +42,19 @@ def test_a_logits_dump_comes_back_with_its_dtype_and_only_when_asked(deployed, t
     assert (tmp_path / "kept" / "logits.bin").read_bytes() == bytes(range(16))
     plain = run(device, bundle, RunRequest(prompts=["hi"]), timeout=60)
     assert plain.logits is None and plain.logits_dtype is None
+
+
+@pytest.mark.parametrize(("help_text", "dtype"), [(HOST_RUNNER, "<f4"), (QNN_V1_0_1, "<u2")],
+                         ids=["host runner", "qnn_llama_runner"])
+def test_the_dtype_of_a_dump_is_that_of_the_dialect_the_runner_showed(tmp_path, monkeypatch,
+                                                                      help_text, dtype):
+    monkeypatch.setattr(run_mod, "_HELP", {})
+    dev = RecordingDevice(tmp_path / "dev", serial="dev-logits")
+    bundle = scripted_bundle(tmp_path / "bundle", "logits", help_text, dialect="auto")
+    deploy(dev, bundle)
+    result = run(dev, bundle, scripted(text="ok", ids={"generated_ids": [1]}, logits=b"\x01\x02\x03\x04",
+                                       dump_logits=True), timeout=60)
+    assert (result.logits, result.logits_dtype) == (b"\x01\x02\x03\x04", dtype)
 
 
 def test_a_library_refused_while_running_is_the_bundles_fault_not_a_failed_test(deployed):
