@@ -14,6 +14,9 @@ ci/setup.sh
 ci/start-postgres.sh >/dev/null
 export PTEFARM_TEST_PG_URL=${PTEFARM_TEST_PG_URL-postgresql://postgres@127.0.0.1:5432/test}
 export PTEFARM_HOME=${PTEFARM_TEST_HOME:-$PWD/.farm/test-home}
+# A test's bound on what should happen at once (tests/support/pool.py): each mutant that breaks a
+# heartbeat or a grant pays it before it counts as killed. 5 s is still hundreds of times what it takes.
+export PTEFARM_TEST_PROMPT_S=${PTEFARM_TEST_PROMPT_S:-5}
 python -m pip install -q "mutmut==3.8.1"
 rm -rf mutants  # mutmut resumes from mutants/; a fresh copy measures the tree as it is
 globs=()

@@ -28,7 +28,7 @@ from farm.pool import Holder, LeaseRequest, Pool
 from farm.db.base import PoolLost
 from farm.pool.leases import fence_clock, fence_margin
 from farm.procs import wait_until
-from tests.support.pool import REPO, BeatClock, HandClock, fake_device
+from tests.support.pool import PROMPT_S, REPO, BeatClock, HandClock, fake_device
 
 # -- the cheap check ---------------------------------------------------------------------------------
 
@@ -148,9 +148,9 @@ def test_heartbeat_keeps_the_fence_open(pool):
     with pool.acquire(LeaseRequest(serial="dev0"), ttl_s=ttl, timeout_s=5, heartbeat_s=10.0) as lease:
         first = lease.info
         for _ in range(6):  # 60 s
-            assert clock.beats.acquire(timeout=30)
+            assert clock.beats.acquire(timeout=PROMPT_S)
             lease.check()
-        assert wait_until(lambda: lease.info.renewed - first.renewed >= 60.0, timeout=30)
+        assert wait_until(lambda: lease.info.renewed - first.renewed >= 60.0, timeout=PROMPT_S)
         lease.check()
         assert lease.remaining_s() == pytest.approx(ttl - fence_margin(ttl), abs=1e-3)
 
@@ -162,7 +162,7 @@ def test_the_heartbeat_renews_every_third_of_the_ttl_unless_told(pool, heartbeat
     lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30.0, timeout_s=5, heartbeat_s=heartbeat_s)
     with lease:
         for _ in range(3):
-            assert clock.beats.acquire(timeout=30)
+            assert clock.beats.acquire(timeout=PROMPT_S)
         thread = lease._thread
         # A daemon thread named for the device: a holder that exits is not kept alive by it, and
         # a stack dump says whose heartbeat it is.
@@ -196,8 +196,8 @@ def test_the_heartbeat_rides_out_an_outage_and_says_so(pool, caplog):
     _failing_renewals(pool, PoolError("pool at sqlite:///x unreachable: disk I/O error"))
     with caplog.at_level("WARNING", logger="farm.pool.leases"), lease:
         for _ in range(3):
-            assert clock.beats.acquire(timeout=30)
-        assert wait_until(lambda: lease.info.token == first.token and lease.info is not first, 30)
+            assert clock.beats.acquire(timeout=PROMPT_S)
+        assert wait_until(lambda: lease.info.token == first.token and lease.info is not first, PROMPT_S)
         assert lease.lost is None
         lease.check()
     warnings = [r.getMessage() for r in caplog.records if r.name == "farm.pool.leases"]
@@ -218,8 +218,8 @@ def test_a_renewal_the_pool_refuses_loses_the_lease_for_good(pool, error):
     lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30.0, timeout_s=5)
     _failing_renewals(pool, error)
     lease.start_heartbeat()
-    assert clock.beats.acquire(timeout=30)
-    lease._thread.join(30)
+    assert clock.beats.acquire(timeout=PROMPT_S)
+    lease._thread.join(PROMPT_S)
     assert not lease._thread.is_alive()  # no retry of a refusal
     assert isinstance(lease.lost, LeaseError) and str(lease.lost) == str(error)
     with pytest.raises(LeaseLost, match=f"lease on dev0 lost: {re.escape(str(error))}"):
@@ -279,11 +279,11 @@ def test_a_lease_granted_while_waiting_is_fenced_from_its_grant(pool):
         other.store = _SlowReader(other.store, stall)
         got = {}
         waiter = threading.Thread(target=lambda: got.setdefault(
-            "lease", other.acquire(LeaseRequest(serial="dev0"), ttl_s=ttl, timeout_s=30)))
+            "lease", other.acquire(LeaseRequest(serial="dev0"), ttl_s=ttl, timeout_s=PROMPT_S)))
         waiter.start()
         time.sleep(0.3)
         first.release()
-        waiter.join(30)
+        waiter.join(PROMPT_S)
         lease = got["lease"]
         assert other.store.reads >= 1, "the waiter was to read its grant (late), not to write for it"
         offset = _pool_now_minus_fence_clock(pool)
@@ -358,7 +358,7 @@ def _hold(url: str, server_text: str, serial: str, ttl_s: str, directory: str) -
     server = AdbServerAddress.parse(server_text)
     pool = Pool.open(url, poll_s=0.02)
     lease = pool.acquire(LeaseRequest(serial=serial), Holder.current("fencing holder"),
-                         ttl_s=float(ttl_s), timeout_s=30)
+                         ttl_s=float(ttl_s), timeout_s=PROMPT_S)
     lease.start_heartbeat()
     device = Device(client_for(server), serial, server)
     target = f"{device.workspace}/fence.log"

@@ -17,7 +17,7 @@ from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError, UsageErr
 from farm.pool import AVAILABLE, LEASED, QUARANTINED, Holder, LeaseRequest, Pool
 from farm.pool.leases import fence_margin
 from farm.procs import wait_until
-from tests.support.pool import HandClock, fake_device
+from tests.support.pool import PROMPT_S, HandClock, fake_device
 
 ALICE = Holder("alice", "ci-7", 99, "job-5", "nightly")
 LAB = [fake_device("a8650", "SM8650", "v75", tags=("usb3",)),
@@ -105,10 +105,10 @@ def test_a_timeout_when_no_device_matches_lists_the_pool(pool, count, more):
 def test_a_timeout_counts_the_waiters_ahead(lab):
     held = [lab.acquire(LeaseRequest(serial=s), ttl_s=30, timeout_s=0) for s in ("b8550", "c8550")]
     first = threading.Thread(target=lambda: lab.acquire(LeaseRequest(socs=("SM8550",), priority=5),
-                                                        ttl_s=30, timeout_s=30).release())
+                                                        ttl_s=30, timeout_s=PROMPT_S).release())
     first.start()
     try:
-        assert wait_until(lambda: len(lab.status().queue) == 1, timeout=30)
+        assert wait_until(lambda: len(lab.status().queue) == 1, timeout=PROMPT_S)
         with pytest.raises(LeaseTimeout) as timeout:
             lab.acquire(LeaseRequest(socs=("SM8550",)), ttl_s=30, timeout_s=0)
         assert str(timeout.value).endswith("expires in 30s; 1 waiter(s) ahead of this request")
@@ -180,11 +180,11 @@ def test_all_free_devices_go_to_the_waiters_that_fit_them(pool):
     held = [pool.acquire(LeaseRequest(serial=s), ttl_s=30, timeout_s=0) for s in ("x0", "y0")]
     got: dict[str, str] = {}
     waiters = [threading.Thread(target=lambda soc=soc: got.__setitem__(
-        soc, pool.acquire(LeaseRequest(socs=(soc,)), ttl_s=30, timeout_s=30).serial))
+        soc, pool.acquire(LeaseRequest(socs=(soc,)), ttl_s=30, timeout_s=PROMPT_S).serial))
         for soc in ("SM8650", "SM8550")]
     for w in waiters:
         w.start()
-    assert wait_until(lambda: len(pool.status().queue) == 2, timeout=30)
+    assert wait_until(lambda: len(pool.status().queue) == 2, timeout=PROMPT_S)
     for lease in held:  # both freed in turn: each goes to the one waiter that can use it
         lease.release()
     for w in waiters:
@@ -203,22 +203,22 @@ def test_a_waiter_that_stops_polling_is_dropped_and_queues_again_at_the_back(poo
         def on_wait(_waited: float) -> None:
             if not resume.is_set():
                 stalled.set()
-                resume.wait(30)  # a waiter that stopped polling (paused, swapped out)
+                resume.wait(PROMPT_S)  # a waiter that stopped polling (paused, swapped out)
 
         result: list[str] = []
         waiter = threading.Thread(target=lambda: result.append(
-            other.acquire(LeaseRequest(), Holder("bob", "h2", 7), ttl_s=30, timeout_s=30,
+            other.acquire(LeaseRequest(), Holder("bob", "h2", 7), ttl_s=30, timeout_s=PROMPT_S,
                           on_wait=on_wait).serial))
         waiter.start()
-        assert stalled.wait(30)
+        assert stalled.wait(PROMPT_S)
         # Any pool change settles the pool: a waiter silent for longer than waiter_stale_s goes.
         assert wait_until(lambda: (pool.record_success("dev0"), pool.status().queue)[1] == [],
-                          timeout=30, interval=0.2)
+                          timeout=PROMPT_S, interval=0.2)
         abandoned = [e for e in pool.history() if e.kind == "abandoned"]
         assert len(abandoned) == 1 and abandoned[0].holder == "bob@h2 pid 7"
         assert abandoned[0].detail.startswith("no poll for ")
         resume.set()
-        assert wait_until(lambda: len(pool.status().queue) == 1, timeout=30)  # back in the queue
+        assert wait_until(lambda: len(pool.status().queue) == 1, timeout=PROMPT_S)  # back in the queue
         held.release()
         waiter.join()
         assert result == ["dev0"]
@@ -287,7 +287,7 @@ def test_an_interrupted_waiter_leaves_the_queue_and_gives_back_a_device_granted_
         raise _Interrupted
 
     with pytest.raises(_Interrupted):  # nothing granted: the entry goes, nothing else changes
-        pool.acquire(LeaseRequest(serial="dev0"), bob, ttl_s=30, timeout_s=30, on_wait=interrupt)
+        pool.acquire(LeaseRequest(serial="dev0"), bob, ttl_s=30, timeout_s=PROMPT_S, on_wait=interrupt)
     assert pool.status().queue == []
     gave_up = [e for e in pool.history() if e.kind == "gave_up"]
     assert [(e.holder, e.detail, e.queue_id) for e in gave_up] == \
@@ -298,7 +298,7 @@ def test_an_interrupted_waiter_leaves_the_queue_and_gives_back_a_device_granted_
         raise _Interrupted  # ...which is interrupted before it reads its grant
 
     with pytest.raises(_Interrupted):
-        pool.acquire(LeaseRequest(serial="dev0"), bob, ttl_s=30, timeout_s=30,
+        pool.acquire(LeaseRequest(serial="dev0"), bob, ttl_s=30, timeout_s=PROMPT_S,
                      on_wait=grant_then_interrupt)
     devices = {d.device.serial: d for d in pool.status().devices}
     assert devices["dev0"].device.state == AVAILABLE and devices["dev0"].lease is None
@@ -321,7 +321,7 @@ def test_a_waiter_interrupted_while_the_pool_is_unreachable_keeps_its_own_error(
         raise _Interrupted
 
     with caplog.at_level(logging.WARNING, logger="farm.pool.leases"), pytest.raises(_Interrupted):
-        pool.acquire(LeaseRequest(serial="dev0"), Holder("bob", "h2", 7), ttl_s=30, timeout_s=30,
+        pool.acquire(LeaseRequest(serial="dev0"), Holder("bob", "h2", 7), ttl_s=30, timeout_s=PROMPT_S,
                      on_wait=pool_goes_then_interrupt)
     pool.store = store
     assert [r.getMessage() for r in caplog.records] == [
@@ -342,7 +342,7 @@ def test_a_dead_holders_leases_and_requests_end_and_no_one_elses(pool):
 
     def stopped(_waited: float) -> None:
         in_wait.set()
-        frozen.wait(30)
+        frozen.wait(PROMPT_S)
         raise _Interrupted
 
     outcome: dict[str, object] = {}
@@ -350,17 +350,17 @@ def test_a_dead_holders_leases_and_requests_end_and_no_one_elses(pool):
     def wait_for_dev2(who: Holder, on_wait) -> None:
         try:
             outcome[who.host] = pool.acquire(LeaseRequest(serial="dev2"), who, ttl_s=30,
-                                             timeout_s=30, on_wait=on_wait).serial
+                                             timeout_s=PROMPT_S, on_wait=on_wait).serial
         except BaseException as e:  # noqa: BLE001 - recorded and asserted on below
             outcome[who.host] = e
 
     threads = [threading.Thread(target=wait_for_dev2, args=(dead, stopped))]
     threads[0].start()
-    assert in_wait.wait(30) and [q.holder for q in pool.status().queue] == [dead]
+    assert in_wait.wait(PROMPT_S) and [q.holder for q in pool.status().queue] == [dead]
     dead_entry = pool.status().queue[0].id
     threads.append(threading.Thread(target=wait_for_dev2, args=(other_host, None)))
     threads[1].start()
-    assert wait_until(lambda: len(pool.status().queue) == 2, timeout=30)
+    assert wait_until(lambda: len(pool.status().queue) == 2, timeout=PROMPT_S)
 
     assert sorted(pool.release_holder("h1", 41, "worker gw3 crashed")) == ["dev0", "dev1"]
     devices = {d.device.serial: d for d in pool.status().devices}
@@ -374,10 +374,10 @@ def test_a_dead_holders_leases_and_requests_end_and_no_one_elses(pool):
         with pytest.raises(LeaseError):
             lease.renew()
     kept.release()  # the other host's waiter is next: the dead one's request is gone
-    threads[1].join(30)
+    threads[1].join(PROMPT_S)
     assert outcome["h2"] == "dev2"
     frozen.set()
-    threads[0].join(30)
+    threads[0].join(PROMPT_S)
     assert isinstance(outcome["h1"], _Interrupted)
     assert [e.kind for e in pool.history() if e.kind == "gave_up"] == []  # nothing left to leave
     assert pool.release_holder("h9", 1, "nobody") == []
@@ -464,7 +464,7 @@ def test_prune_drops_only_offline_devices_and_refuses_a_bad_age(pool):
         with pytest.raises(UsageError, match="prune: the age must be a finite number >= 0"):
             pool.prune(age)
     assert pool.prune(3600) == []  # offline for less than an hour: kept
-    assert wait_until(lambda: pool.prune(0) == ["dev1"], timeout=30, interval=0.05)
+    assert wait_until(lambda: pool.prune(0) == ["dev1"], timeout=PROMPT_S, interval=0.05)
     assert [d.device.serial for d in pool.status().devices] == ["dev0"]
     pruned = [e for e in pool.history() if e.kind == "pruned"]
     assert [e.serial for e in pruned] == ["dev1"]
@@ -506,12 +506,12 @@ def test_a_waiter_takes_the_write_lock_only_when_something_changed_for_it(waiter
     waiter_pool._wait = lambda listener, queue_id, deadline: False  # poll at once, never told
     got: list[str] = []
     waiter = threading.Thread(target=lambda: got.append(
-        waiter_pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=30).serial))
+        waiter_pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=PROMPT_S).serial))
     waiter.start()
-    assert wait_until(lambda: counted.polls >= 20, timeout=30)
+    assert wait_until(lambda: counted.polls >= 20, timeout=PROMPT_S)
     assert counted.writes == 1  # the write that queued it; its polls changed nothing
     held.release()  # the releasing write grants dev0 to the waiter (dispatch)
-    waiter.join(30)
+    waiter.join(PROMPT_S)
     assert got == ["dev0"]
     assert counted.writes == 1  # it read its grant: no write of its own
 
@@ -554,7 +554,7 @@ def test_a_timeout_names_a_device_unseen_past_the_liveness_bound(pool_url):
     with Pool.open(pool_url, PoolConfig(url=pool_url, liveness_s=0.05)) as pool:
         pool.sync([fake_device("dev0")])
         assert wait_until(lambda: pool.status().now - pool.status().devices[0].device.last_seen > 0.1,
-                          timeout=30, interval=0.05)
+                          timeout=PROMPT_S, interval=0.05)
         with pytest.raises(LeaseTimeout) as timeout:
             pool.acquire(LeaseRequest(), timeout_s=0)
     assert str(timeout.value).startswith(
@@ -608,13 +608,13 @@ def test_a_waiter_told_of_its_grant_polls_only_as_a_fallback(waiter_and_holders,
         listen(queue_id) if told else None, asked)
     got: list[str] = []
     waiter = threading.Thread(target=lambda: got.append(
-        waiter_pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=30).serial))
+        waiter_pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30, timeout_s=PROMPT_S).serial))
     waiter.start()
     try:
         assert wait_until(lambda: len(asked) >= (1 if told else 60), timeout=10)
     finally:
         held.release()
-        waiter.join(30)
+        waiter.join(PROMPT_S)
     assert got == ["dev0"]
     if told:  # PUSHED_POLL_S (1 s) jittered by 0.5-1.5, less what went by before the wait began
         assert 0.3 < asked[0] <= 1.5, asked

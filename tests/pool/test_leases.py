@@ -22,7 +22,7 @@ from farm.pool import (
 from farm.pool.rows import log_event, set_state
 from farm.procs import wait_until
 from farm.vocab import EventKind
-from tests.support.pool import BeatClock, HandClock, fake_device
+from tests.support.pool import PROMPT_S, BeatClock, HandClock, fake_device
 
 
 def states(pool: Pool) -> dict[str, str]:
@@ -94,7 +94,7 @@ def test_context_manager_releases_and_heartbeats(pool):
     pool.clock = BeatClock(pool=pool, beats=7)
     with pool.acquire(LeaseRequest(), ttl_s=30, timeout_s=1, heartbeat_s=10) as lease:
         first = lease.info
-        assert wait_until(lambda: lease.info.renewed - first.renewed >= 70.0, timeout=30), \
+        assert wait_until(lambda: lease.info.renewed - first.renewed >= 70.0, timeout=PROMPT_S), \
             "the heartbeat did not renew the lease at every beat"
         assert lease.lost is None
         held = pool.status().devices[0]

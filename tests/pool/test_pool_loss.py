@@ -16,7 +16,7 @@ from farm.db.base import PoolLost
 from farm.errors import LeaseLost
 from farm.pool import LeaseRequest, Pool
 from farm.procs import wait_until
-from tests.support.pool import fake_device
+from tests.support.pool import PROMPT_S, fake_device
 
 
 def _seed(url: str) -> Pool:
@@ -35,7 +35,7 @@ def test_a_deleted_pool_file_is_lost_for_its_holder_and_never_created_afresh(sql
 
         with pytest.raises(PoolLost, match="was deleted"):
             pool.status()
-        assert wait_until(lambda: lease.lost is not None, timeout=30)
+        assert wait_until(lambda: lease.lost is not None, timeout=PROMPT_S)
         with pytest.raises(LeaseLost, match="deleted"):
             lease.check()
         lease.stop_heartbeat()
@@ -96,7 +96,7 @@ def test_a_dropped_postgres_schema_is_lost_for_its_holder(pg_pool_url, recreated
         with pytest.raises(PoolLost):
             pool.status()
         lease.start_heartbeat()
-        assert wait_until(lambda: lease.lost is not None, timeout=30)
+        assert wait_until(lambda: lease.lost is not None, timeout=PROMPT_S)
         lease.stop_heartbeat()
         with pytest.raises(LeaseLost):
             lease.check()

@@ -31,6 +31,10 @@ from farm.pool.leases import HolderClock
 from farm.selftest.postgres import PG_ENV, pg_base_url, with_search_path
 
 REPO = Path(__file__).resolve().parents[2]
+# How long a test waits for what should happen at once (a heartbeat's beat, a waiter's grant, a
+# thread's end): generous, for a loaded CI host. ci/mutation.sh sets it lower: each mutant that breaks
+# the thing waited for costs this bound before it counts as killed.
+PROMPT_S = float(os.environ.get("PTEFARM_TEST_PROMPT_S", "30"))
 
 
 def fake_device(serial: str, soc: str = "SM8650", htp_arch: str | None = "v75", *,
