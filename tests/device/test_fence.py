@@ -64,11 +64,16 @@ def test_check_is_local_and_fences_past_the_deadline(pool):
         lease.release()
 
 
-def test_renewal_moves_the_deadline_and_lost_fences_at_once(pool):
+def _held_on_a_hand_clock(pool, ttl: float = 30.0):
+    """dev0, leased for ``ttl`` by a holder whose clock the test moves."""
     pool.sync([fake_device("dev0")])
     pool.clock = clock = HandClock()
+    return pool.acquire(LeaseRequest(serial="dev0"), ttl_s=ttl, timeout_s=5), clock
+
+
+def test_renewal_moves_the_deadline_and_lost_fences_at_once(pool):
     ttl, margin = 30.0, fence_margin(30.0)
-    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=ttl, timeout_s=5)
+    lease, clock = _held_on_a_hand_clock(pool, ttl)
     first_deadline = lease.valid_until
     assert first_deadline is not None and first_deadline <= clock.t + ttl - margin
     for _ in range(4):  # 80 s on the holder's clock, well past the first deadline
@@ -92,10 +97,8 @@ def test_renewal_moves_the_deadline_and_lost_fences_at_once(pool):
 def test_a_renewal_that_finishes_late_never_pulls_the_fence_back(pool):
     # The heartbeat and a check that resyncs can both renew. One that began earlier and is answered
     # last counts from its own, earlier start: the fence keeps the later deadline it already had.
-    pool.sync([fake_device("dev0")])
-    pool.clock = clock = HandClock()
     ttl, margin = 30.0, fence_margin(30.0)
-    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=ttl, timeout_s=5)
+    lease, clock = _held_on_a_hand_clock(pool, ttl)
     real = pool.renew
 
     def overtaken(token, ttl_s):
@@ -112,9 +115,7 @@ def test_a_renewal_that_finishes_late_never_pulls_the_fence_back(pool):
 
 
 def test_the_fence_closes_exactly_at_its_deadline_and_says_by_how_much(pool):
-    pool.sync([fake_device("dev0")])
-    pool.clock = clock = HandClock()
-    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30.0, timeout_s=5)
+    lease, clock = _held_on_a_hand_clock(pool)
     deadline = lease.valid_until
     clock.t = deadline - 0.5  # half a second left: still ours, and no database call
     store, pool.store = pool.store, _NoDatabase()
