@@ -42,3 +42,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   python -m pip install -q -e ".[dev]"
   touch "$stamp"
 fi
+# The JUnit schema the tests validate reports against: from pytest's sdist, hash-checked.
+python ci/junit_schema.py
