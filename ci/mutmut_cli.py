@@ -1,5 +1,6 @@
-"""mutmut's command line (pinned mutmut==3.8.1), with its string operator told that SQL ignores case
-and without its second clean run of the tests (``without_a_second_clean_run``).
+"""mutmut's command line (pinned mutmut==3.8.1), with its string operator told that SQL ignores case,
+without its second clean run of the tests (``without_a_second_clean_run``) and running a mutant's
+tests in two rounds (``in_two_rounds``).
 
 mutmut mutates every string literal three ways: "XX" around it, all lower case, all upper case. In a
 SQL statement the two case changes are equivalent mutants by definition (keywords and unquoted
@@ -75,8 +76,30 @@ def without_a_second_clean_run(main_module: Any) -> None:
     main_module.get_mutant_runner = get_mutant_runner
 
 
+FIRST_TESTS = 24
+
+
+def in_two_rounds(runner_class: Any, first: int = FIRST_TESTS) -> None:
+    """A mutant's tests (mutmut hands them over fastest first, and stops at the first failure) run as
+    the ``first`` fastest, then, only if all of those passed, the rest: the same tests, in the same
+    order, with the same verdict. What it saves is pytest's collection of every test file a widely
+    used function is reached from (a bundle's ``load``: hundreds of tests in dozens of files), which
+    each of its mutants paid before its first, fast test failed."""
+    run_tests = runner_class.run_tests
+
+    def in_rounds(self: Any, *, mutant_name: str | None, tests: Iterable[str]) -> int:
+        tests = list(tests)
+        if mutant_name is None or len(tests) <= first:
+            return run_tests(self, mutant_name=mutant_name, tests=tests)
+        code = run_tests(self, mutant_name=mutant_name, tests=tests[:first])
+        return code if code != 0 else run_tests(self, mutant_name=mutant_name, tests=tests[first:])
+
+    runner_class.run_tests = in_rounds
+
+
 def main() -> None:
     import mutmut.__main__ as main_module
+    from mutmut.runners.harness import PytestRunner
     from mutmut.__main__ import cli
     from mutmut.mutation import mutators
 
@@ -86,6 +109,7 @@ def main() -> None:
         (kind, without_sql_case(original) if operator is original else operator)
         for kind, operator in mutators.mutation_operators]
     without_a_second_clean_run(main_module)
+    in_two_rounds(PytestRunner)
     sys.argv[0] = "mutmut"
     cli()
 

@@ -118,3 +118,26 @@ def test_the_clean_run_is_skipped_only_after_a_full_stats_run_in_this_process():
     full.run_stats_collection(None)
     assert full.get_mutant_runner(2).run_clean_tests(["t"]) == 0
     assert calls == [("stats", None)]
+
+
+def test_a_mutants_tests_run_in_two_rounds_with_the_verdict_of_one():
+    ran = []
+
+    class Runner:
+        def run_tests(self, *, mutant_name, tests):
+            ran.append(list(tests))
+            return 1 if "kills" in tests else 0
+
+    cli.in_two_rounds(Runner, first=2)
+    tests = ["fast", "quick", "slow", "kills", "slowest"]
+    assert Runner().run_tests(mutant_name="m__mutmut_1", tests=tests) == 1
+    assert ran == [["fast", "quick"], ["slow", "kills", "slowest"]]  # the rest only after a pass
+    ran.clear()
+    assert Runner().run_tests(mutant_name="m__mutmut_2", tests=["kills", *tests]) == 1
+    assert ran == [["kills", "fast"]]  # killed in the first round: the rest never collected
+    ran.clear()
+    assert Runner().run_tests(mutant_name="m__mutmut_3", tests=["a", "b", "c"]) == 0
+    assert ran == [["a", "b"], ["c"]]  # a survivor ran every test
+    ran.clear()
+    assert Runner().run_tests(mutant_name=None, tests=tests) == 1  # the clean run: one round
+    assert ran == [tests]
