@@ -466,3 +466,47 @@ if __name__ == "__main__":
     if sys.argv[1] != "hold":
         raise SystemExit(f"unknown mode {sys.argv[1]!r}")
     sys.exit(_hold(*sys.argv[2:]))
+
+
+def test_the_fence_counts_time_the_host_spent_suspended(monkeypatch):
+    # CLOCK_BOOTTIME, where the platform has it: a laptop or VM suspended past a lease's TTL must find
+    # its fence closed on waking (CLOCK_MONOTONIC stands still while suspended); elsewhere monotonic.
+    from farm.pool import leases
+
+    read = []
+    monkeypatch.setattr(leases.time, "clock_gettime", lambda clock: read.append(clock) or 1234.5)
+    monkeypatch.setattr(leases, "_FENCE_CLOCK", 7)
+    assert fence_clock() == 1234.5 and read == [7]
+    monkeypatch.setattr(leases, "_FENCE_CLOCK", None)
+    monkeypatch.setattr(leases.time, "monotonic", lambda: 99.0)
+    assert fence_clock() == 99.0 and read == [7]
+    if sys.platform == "linux":
+        assert getattr(time, "CLOCK_BOOTTIME") is not None
+
+
+@pytest.mark.parametrize(("ttl", "margin"), [(30.0, 1.0), (10.0, 1.0), (5.0, 0.5), (2.0, 0.2)])
+def test_the_fence_margin_is_a_second_or_a_tenth_of_a_short_ttl(ttl, margin):
+    assert fence_margin(ttl) == pytest.approx(margin)
+
+
+class _LingeringClock(BeatClock):
+    """Its heartbeat takes a while to notice it was stopped (a loaded host)."""
+
+    def wait(self, event, seconds):
+        woken = super().wait(event, seconds)
+        if event.is_set():
+            time.sleep(0.2)
+        return woken
+
+
+def test_a_lease_given_back_has_no_heartbeat_left_to_renew_it(pool):
+    # Release stops the heartbeat and waits for its thread: a renewal after the release would bring
+    # a lease the pool had ended back to life under another holder.
+    pool.sync([fake_device("dev0")])
+    pool.clock = clock = _LingeringClock(beats=1)
+    lease = pool.acquire(LeaseRequest(serial="dev0"), ttl_s=30.0, timeout_s=5)
+    lease.start_heartbeat()
+    assert clock.beats.acquire(timeout=PROMPT_S)
+    thread = lease._thread
+    lease.release()
+    assert thread is not None and not thread.is_alive()

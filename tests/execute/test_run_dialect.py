@@ -259,3 +259,18 @@ def test_a_runner_the_linker_refuses_names_the_file_and_where_the_bundle_has_it(
         f"device: fix its runner or libraries and create it again")
     assert (caught.value.serial, caught.value.runner, caught.value.culprit) == \
         ("dev-a", "./qnn_llama_runner", library)
+
+
+def test_what_the_device_said_is_its_lines_joined_each_cut_short_and_the_end_kept(tmp_path, monkeypatch):
+    # One line for a report's message: the output's non-blank lines joined by " | ", each cut to 300
+    # characters, and of a long story the last 1200 (where the linker's verdict is).
+    monkeypatch.setattr(run_mod, "_CANNOT_START", {})
+    chatter = [f"loading step {i}: " + "x" * 400 for i in range(6)]
+    verdict = 'CANNOT LINK EXECUTABLE "./qnn_llama_runner": library "libfoo.so" not found'
+    dev = device(tmp_path, "dev-a")
+    bundle = deployed(tmp_path, dev, "chatty", "\n".join(chatter) + "\n\n  " + verdict + "\n")
+    with pytest.raises(RunnerCannotStart) as caught:
+        run_mod.runner_dialect(dev, bundle, timeout=30)
+    said = " | ".join([line[:300] for line in chatter] + [verdict])[-1200:]
+    assert caught.value.said == said and said.endswith(" | " + verdict)
+    assert len(said) == 1200

@@ -16,7 +16,9 @@ from farm.db.base import Listener, PoolLost
 from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError, UsageError
 from farm.pool import AVAILABLE, LEASED, QUARANTINED, Holder, LeaseRequest, Pool
 from farm.pool.leases import fence_margin
+from farm.pool.rows import log_event
 from farm.procs import wait_until
+from farm.vocab import EventKind
 from tests.support.pool import PROMPT_S, HandClock, fake_device
 
 ALICE = Holder("alice", "ci-7", 99, "job-5", "nightly")
@@ -622,3 +624,45 @@ def test_a_waiter_told_of_its_grant_polls_only_as_a_fallback(waiter_and_holders,
         polls = asked[:60]
         assert all(0 < t <= 0.015 for t in polls), polls
         assert min(polls) < 0.008 and max(polls) > 0.012, polls
+
+
+def test_a_device_of_unknown_soc_might_have_any_htp_arch_so_it_is_waited_for(pool):
+    # adb could not probe it (no SoC, no arch yet): it may be the v79 phone the request wants, so the
+    # request waits for it rather than being refused as one no device could ever serve.
+    pool.sync([fake_device("p0", None, None, virtual=False)])
+    with pytest.raises(LeaseTimeout, match="within 0s"):
+        pool.acquire(LeaseRequest(min_htp_arch="v79"), ttl_s=30, timeout_s=0)
+    pool.sync([fake_device("p0", "SM8550", "v73", virtual=False)])  # probed now: it is a v73
+    with pytest.raises(UsageError, match="could ever serve"):
+        pool.acquire(LeaseRequest(min_htp_arch="v79"), ttl_s=30, timeout_s=0)
+
+
+def test_history_shows_the_last_hundred_events_unless_told(pool):
+    pool.sync([fake_device("dev0")])
+    with pool.store.write() as txn:
+        for i in range(120):
+            log_event(txn, EventKind.TAGGED, serial="dev0", detail=f"event {i}")
+    recent = pool.history()
+    assert len(recent) == 100 and recent[-1].detail == "event 119" and recent[0].detail == "event 20"
+    assert len(pool.history(limit=None)) == 121  # with the sync's "added"
+
+
+class _Told(Listener):
+    """A listener that hears the given grants, one set per wait, at once (then nothing, at once)."""
+
+    pushes = True
+
+    def __init__(self, *heard: set[int]) -> None:
+        self.heard, self.waits = list(heard), 0
+
+    def wait(self, timeout: float) -> set[int]:
+        self.waits += 1
+        return self.heard.pop(0) if self.heard else set()
+
+
+def test_a_waiter_told_of_its_own_grant_stops_waiting_at_once_and_of_anothers_does_not(pool):
+    told = _Told({7})
+    assert pool._wait(told, 7, deadline=time.monotonic() + PROMPT_S) is True and told.waits == 1
+    others = _Told({8}, {9, 10})  # grants to other waiters: ours is still to come
+    assert pool._wait(others, 7, deadline=time.monotonic() + 0.05) is False and others.waits > 2
+    assert pool._wait(_Told(), 7, deadline=time.monotonic() - 1) is False  # past the deadline
