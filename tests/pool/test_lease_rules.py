@@ -219,6 +219,10 @@ def test_a_waiter_that_stops_polling_is_dropped_and_queues_again_at_the_back(poo
         abandoned = [e for e in pool.history() if e.kind == "abandoned"]
         assert len(abandoned) == 1 and abandoned[0].holder == "bob@h2 pid 7"
         assert abandoned[0].detail.startswith("no poll for ")
+        silent = float(abandoned[0].detail.removeprefix("no poll for ").removesuffix("s"))
+        assert 0.4 <= silent < PROMPT_S + 30  # how long it was silent, past waiter_stale_s
+        queued = [e for e in pool.history() if e.kind == "queued"]
+        assert abandoned[0].queue_id is not None and abandoned[0].queue_id == queued[0].queue_id
         resume.set()
         assert wait_until(lambda: len(pool.status().queue) == 1, timeout=PROMPT_S)  # back in the queue
         held.release()
@@ -666,3 +670,58 @@ def test_a_waiter_told_of_its_own_grant_stops_waiting_at_once_and_of_anothers_do
     others = _Told({8}, {9, 10})  # grants to other waiters: ours is still to come
     assert pool._wait(others, 7, deadline=time.monotonic() + 0.05) is False and others.waits > 2
     assert pool._wait(_Told(), 7, deadline=time.monotonic() - 1) is False  # past the deadline
+
+
+def test_a_request_that_waits_and_gives_up_leaves_its_story_in_the_history(pool):
+    # `farm pool history` is how an operator finds out who waited for what and for how long.
+    pool.sync([fake_device("dev0")])
+    held = pool.acquire(LeaseRequest(serial="dev0"), ALICE, ttl_s=30, timeout_s=0)
+    bob = Holder("bob", "h2", 7, ci_job="gh-9")
+    request = LeaseRequest(serial="dev0", priority=3)
+    with pytest.raises(LeaseTimeout):
+        pool.acquire(request, bob, ttl_s=30, timeout_s=0)
+    queued, gave_up = ([e for e in pool.history() if e.kind == kind] for kind in ("queued", "gave_up"))
+    assert len(queued) == len(gave_up) == 1
+    assert queued[0].queue_id is not None and gave_up[0].queue_id == queued[0].queue_id
+    assert queued[0].holder == gave_up[0].holder == "bob@h2 pid 7 job gh-9"
+    assert LeaseRequest.from_json(queued[0].detail) == request
+    assert gave_up[0].detail == f"waited 0s for {request.describe()}"
+    held.release()
+
+
+@pytest.mark.parametrize(("settings", "complaint"), [
+    ({"liveness_s": 0.0}, "liveness_s must be finite and > 0, got 0.0"),
+    ({"liveness_s": float("inf")}, "liveness_s must be finite and > 0, got inf"),
+])
+def test_a_pool_refuses_a_liveness_bound_that_bounds_nothing(sqlite_pool_url, settings, complaint):
+    with pytest.raises(ValueError, match=f"^{re.escape(complaint)}$"):
+        Pool.open(sqlite_pool_url, PoolConfig(url=sqlite_pool_url, **settings))
+
+
+@pytest.mark.parametrize("window", [-1.0, float("inf")])
+def test_a_pool_refuses_a_failure_window_that_is_no_window(sqlite_pool_url, window):
+    with pytest.raises(ValueError, match=f"^failure_window_s must be finite and >= 0, got {window}$"):
+        Pool.open(sqlite_pool_url, failure_window_s=window)
+
+
+def test_a_pool_opened_without_settings_has_the_defaults_for_its_own_url(sqlite_pool_url):
+    with Pool.open(sqlite_pool_url) as pool:
+        assert pool.settings == PoolConfig(url=sqlite_pool_url)
+        assert pool.waiter_stale_s == 30.0
+
+
+def test_without_a_liveness_bound_a_device_is_leased_however_long_ago_it_was_seen(pool_url):
+    with Pool.open(pool_url, PoolConfig(url=pool_url, liveness_s=None)) as pool:
+        pool.sync([fake_device("dev0")])
+        HandClock(pool=pool).t += 10 * 24 * 3600  # ten days on the pool's clock, never seen since
+        assert pool.acquire(LeaseRequest(), ttl_s=30, timeout_s=0).serial == "dev0"
+
+
+def test_with_a_liveness_bound_a_device_not_seen_within_it_is_not_leased(pool_url):
+    with Pool.open(pool_url, PoolConfig(url=pool_url, liveness_s=120)) as pool:
+        pool.sync([fake_device("dev0")])
+        HandClock(pool=pool).t += 121
+        with pytest.raises(LeaseTimeout):
+            pool.acquire(LeaseRequest(), ttl_s=30, timeout_s=0)
+        pool.sync([fake_device("dev0")])  # seen again
+        assert pool.acquire(LeaseRequest(), ttl_s=30, timeout_s=0).serial == "dev0"
