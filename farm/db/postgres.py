@@ -106,7 +106,7 @@ class PostgresStore(Store):
                 # clock's with it, in the same round trip.
                 # The pool's identity comes with the clock: checked at no extra round trip.
                 clock = conn.cursor()
-                clock.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now, "
+                clock.execute(f"SELECT ({self.clock_sql})::float8 AS now, "
                               "set_config('synchronous_commit', %s, true), "
                               "(SELECT pool_id FROM pool_meta WHERE id = 1) AS pool_id",
                               ("off" if self.flush_outside_lock else "on",))
