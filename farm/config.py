@@ -21,6 +21,13 @@ farm runs on its own adb server on this host and an SQLite pool under the farm h
     [results]                            # the results store (farm history, farm baseline)
     retention_days = 180                 # runs older than this are pruned; named baselines never
 
+    [recovery]                           # before a device that failed is taken out of service
+    rungs = ["return", "boot", "reboot"] # tried in this order; [] quarantines at once, as before
+    return_timeout_s = 60                # wait for it to be listed again and answer a shell
+    boot_timeout_s = 120                 # wait for sys.boot_completed
+    reboot_timeout_s = 300               # adb reboot, then wait for it to come back booted
+    probe_timeout_s = 10                 # one look: listed, a shell echoes, sys.boot_completed is 1
+
     [[devices]]                          # optional, per phone: tags the pool matches requests on
     serial = "R5CW1234ABC"
     tags = ["flagship", "usb3"]
@@ -81,7 +88,14 @@ DEFAULT_QUARANTINE_AFTER = 3
 DEFAULT_LIVENESS_S = 120.0  # a device not seen (synced, or used) this long is not leased
 DEFAULT_COMMAND_TIMEOUT_S = 600.0
 DEFAULT_RETENTION_DAYS = 30.0
-DEFAULT_RESULTS_RETENTION_DAYS = 180.0  # stored runs; named baselines are kept whatever their age
+DEFAULT_RESULTS_RETENTION_DAYS = 180.0
+# The recovery ladder (farm.device.recovery): its rungs in the only order they make sense in, and how
+# long each may take. The waits are Tradefed's order of magnitude (a phone reboots in 30-90 s).
+RECOVERY_RUNGS = ("return", "boot", "reboot")
+DEFAULT_RETURN_TIMEOUT_S = 60.0
+DEFAULT_BOOT_TIMEOUT_S = 120.0
+DEFAULT_REBOOT_TIMEOUT_S = 300.0
+DEFAULT_PROBE_TIMEOUT_S = 10.0  # one look's shell: a phone that cannot echo in 10 s is not answering  # stored runs; named baselines are kept whatever their age
 # A device tag: what `farm pool tag` and `[[devices]] tags` accept (no spaces or commas: tags are
 # listed comma-separated).
 TAG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}")
@@ -229,6 +243,29 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class RecoveryConfig:
+    """``[recovery]``: the rungs of the recovery ladder a device that failed for infrastructure reasons
+    climbs before it is taken out of service, and how long each may take."""
+
+    rungs: tuple[str, ...] = RECOVERY_RUNGS
+    return_timeout_s: float = DEFAULT_RETURN_TIMEOUT_S
+    boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S
+    reboot_timeout_s: float = DEFAULT_REBOOT_TIMEOUT_S
+    probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        rungs = tuple(self.rungs)
+        object.__setattr__(self, "rungs", rungs)
+        if unknown := [r for r in rungs if r not in RECOVERY_RUNGS]:
+            raise UsageError(f"recovery rung(s) {', '.join(map(repr, unknown))}: known rungs are "
+                             f"{', '.join(RECOVERY_RUNGS)}")
+        if list(rungs) != sorted(set(rungs), key=RECOVERY_RUNGS.index):
+            raise UsageError(f"recovery rungs {list(rungs)}: each at most once, in the order "
+                             f"{', '.join(RECOVERY_RUNGS)} (a reboot before waiting for a boot "
+                             f"would cut the boot short)")
+
+
+@dataclass(frozen=True)
 class ResultsConfig:
     retention_days: float = DEFAULT_RESULTS_RETENTION_DAYS
 
@@ -242,6 +279,7 @@ class FarmConfig:
     source: Path | None = None
     devices: tuple[DeviceConfig, ...] = ()
     results: ResultsConfig = field(default_factory=ResultsConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
 
     @property
     def device_tags(self) -> dict[str, tuple[str, ...]]:
@@ -257,6 +295,7 @@ _KNOWN = {
     "run": {"command_timeout_s", "workspace"},
     "devices": {"serial", "tags"},
     "results": {"retention_days"},
+    "recovery": {"rungs", "return_timeout_s", "boot_timeout_s", "reboot_timeout_s", "probe_timeout_s"},
 }
 
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
@@ -457,7 +496,26 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
         results_t, "results", "retention_days", (int, float), DEFAULT_RESULTS_RETENTION_DAYS, loc,
         True)))
     return FarmConfig(home=home, adb_servers=servers, pool=pool, run=run, source=source,
-                      devices=devices, results=results)
+                      devices=devices, results=results, recovery=_recovery(raw.get("recovery", {}), loc))
+
+
+def _recovery(table: Any, loc: _Where) -> RecoveryConfig:
+    if not isinstance(table, dict):
+        raise UsageError(f"{loc('recovery')}: 'recovery' must be a table")
+    _check_keys(table, "recovery", "recovery", loc)
+    rungs = _get(table, "recovery", "rungs", list, list(RECOVERY_RUNGS), loc)
+    if not all(isinstance(r, str) for r in rungs):
+        raise UsageError(f"{loc('recovery.rungs')}: key 'recovery.rungs' must be a list of rung names "
+                         f"({', '.join(RECOVERY_RUNGS)}), got {excerpt(rungs)}")
+    seconds = {key: float(_get(table, "recovery", key, (int, float), default, loc, True))
+               for key, default in (("return_timeout_s", DEFAULT_RETURN_TIMEOUT_S),
+                                    ("boot_timeout_s", DEFAULT_BOOT_TIMEOUT_S),
+                                    ("reboot_timeout_s", DEFAULT_REBOOT_TIMEOUT_S),
+                                    ("probe_timeout_s", DEFAULT_PROBE_TIMEOUT_S))}
+    try:
+        return RecoveryConfig(rungs=tuple(rungs), **seconds)
+    except UsageError as e:
+        raise UsageError(f"{loc('recovery.rungs')}: key 'recovery.rungs': {e}") from None
 
 
 def _devices(raw: Any, loc: _Where) -> tuple[DeviceConfig, ...]:

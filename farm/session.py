@@ -23,12 +23,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from farm.config import AdbServerAddress, FarmConfig
+from farm.config import AdbServerAddress, FarmConfig, RecoveryConfig
+from farm.device import recovery
 from farm.device.discovery import scan_server
-from farm.device.probe import DeviceInfo
+from farm.device.probe import Device, DeviceInfo
 from farm.device.transport import client_for, list_server
-from farm.errors import AdbError, InfraError, UsageError
-from farm.pool import AVAILABLE, LEASED, OFFLINE, Pool
+from farm.errors import AdbError, InfraError, LeaseTimeout, PoolError, UsageError
+from farm.pool import AVAILABLE, LEASED, OFFLINE, Holder, LeaseRequest, Pool
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,23 @@ def watch_interval(liveness_s: float | None) -> float:
     """How often a farm's owner refreshes its devices' liveness, well within the bound: a quarter of
     it, between 0.5 and 30 seconds."""
     return 30.0 if liveness_s is None else min(30.0, max(0.5, liveness_s / 4))
+
+
+# What a device needs to pass the scheduled health check, as the smoke suite's device tests ask:
+# a shell that answers, a finished boot, and room in the workspace for run outputs and a small deploy.
+HEALTH_MIN_FREE_BYTES = 64 << 20
+HEALTH_LEASE_TTL_S = 600.0  # a health check holds its device at most this long (a ladder's reboot)
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """One device's scheduled health check: ``passed``, ``recovered`` (the ladder brought it back),
+    ``quarantined`` (taken out of service, ``detail`` says why) or ``busy`` (leased meanwhile: not
+    checked)."""
+
+    serial: str
+    verdict: str
+    detail: str
 
 
 @dataclass
@@ -163,6 +181,51 @@ class Farm:
                 synced.append(str(server))
         return synced
 
+    def check_health(self, ladder: RecoveryConfig) -> list[HealthCheck]:
+        """One scheduled health check of every idle device of this farm's servers, each under a lease
+        (nobody is handed a device while it is checked, and a device leased meanwhile is skipped,
+        never waited for): a shell answers, the boot is finished, the workspace has room. A device
+        that fails climbs the recovery ladder; one the ladder cannot bring back, or whose workspace is
+        full, is quarantined with the reason. Every step is in the pool's history."""
+        ours = {str(s) for s in self.servers}
+        idle = [st.device for st in self.pool.status().devices
+                if st.device.state == AVAILABLE and st.device.present and st.device.server in ours]
+        holder = Holder.current(purpose="farm pool watch --health")
+        checks = []
+        for device in idle:
+            try:
+                lease = self.pool.acquire(LeaseRequest(serial=device.serial), holder,
+                                          ttl_s=HEALTH_LEASE_TTL_S, timeout_s=0)
+            except (LeaseTimeout, PoolError) as e:
+                checks.append(HealthCheck(device.serial, "busy", str(e).split(";")[0]))
+                continue
+            with lease:
+                checks.append(self._check_one(device.serial, device.server, bool(device.virtual),
+                                              ladder))
+        return checks
+
+    def _check_one(self, serial: str, server_text: str, virtual: bool,
+                   ladder: RecoveryConfig) -> HealthCheck:
+        server = AdbServerAddress.parse(server_text)
+        config = recovery.for_virtual(ladder) if virtual else ladder
+        health = recovery.probe(server, serial, timeout_s=config.probe_timeout_s)
+        if not health.healthy:
+            result = recovery.recover(server, serial, config, on_rung=lambda rung: self.pool.record_recovery(
+                serial, f"health check: rung {rung.describe()}"))
+            self.pool.record_recovery(serial, f"health check: {result.describe()}"[:1000])
+            if result.verdict not in (recovery.HEALTHY, recovery.RECOVERED):
+                why = f"health check failed: {health.detail}; recovery: {result.verdict}"
+                self.pool.quarantine(serial, why[:1000])
+                return HealthCheck(serial, "quarantined", why)
+        free = _free_bytes(server, serial, self.address.workspace)
+        if free is not None and free < HEALTH_MIN_FREE_BYTES:
+            why = (f"health check failed: {free} bytes free in the workspace, needs at least "
+                   f"{HEALTH_MIN_FREE_BYTES}")
+            self.pool.quarantine(serial, why)
+            return HealthCheck(serial, "quarantined", why)
+        self.pool.record_success(serial)
+        return HealthCheck(serial, "passed" if health.healthy else "recovered", health.detail)
+
     def inventory(self) -> dict[str, int]:
         """SoC -> devices that can take work now or soon (available or leased; not offline,
         quarantined or absent)."""
@@ -188,6 +251,15 @@ class Farm:
             listed = ", ".join(f"{s} ({n})" for s, n in have.items()) or "no usable device"
             raise UsageError(f"no device for SoC {', '.join(missing)} in the pool; it has: {listed}")
         return picked
+
+
+def _free_bytes(server: AdbServerAddress, serial: str, workspace_root: str) -> int | None:
+    """The device's free bytes in its workspace; None when it does not say (df) or cannot be asked."""
+    try:
+        return Device(client_for(server), serial, server, workspace_root=workspace_root).info().free_bytes
+    except InfraError as e:
+        log.warning("health check of %s: free space unknown: %s", serial, e)
+        return None
 
 
 @contextlib.contextmanager

@@ -115,6 +115,7 @@ class EventKind(StrEnum):
     RESTORED = "restored"        # `farm pool restore`
     INFRA_FAILURE = "infra_failure"
     FAILURES_RESET = "failures_reset"
+    RECOVERY = "recovery"        # a rung of the recovery ladder climbed, or its verdict
     QUEUED = "queued"            # a request waits
     LEASED = "leased"
     RELEASED = "released"
@@ -134,7 +135,8 @@ class EventKind(StrEnum):
 
 _INFRA_EVENT_NAMES: dict[EventKind, str] = {
     EventKind.QUARANTINED: "quarantine", EventKind.OFFLINE: "offline", EventKind.EXPIRED: "release-lost",
-    EventKind.INFRA_FAILURE: "infra-failure", EventKind.ONLINE: "online", EventKind.RESTORED: "restored"}
+    EventKind.INFRA_FAILURE: "infra-failure", EventKind.ONLINE: "online", EventKind.RESTORED: "restored",
+    EventKind.RECOVERY: "recovery"}
 
 # The purposes in order, as plain strings: for choices, messages and membership tests.
 PURPOSES: tuple[str, ...] = tuple(p.value for p in Purpose)

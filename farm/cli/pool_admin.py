@@ -4,6 +4,7 @@
     farm pool tag R5CW1234ABC usb3 --remove
     farm pool prune --older-than 30              # drop rows of devices offline for 30 days
     farm pool watch --interval 30                # keep devices fresh; a dead one goes offline
+    farm pool watch --health                     # and check idle devices' health every 15 minutes
 
 A device is leased only if it was seen within ``pool.liveness_s`` (a sync found it, or a test passed on
 it): run ``farm pool watch`` on a host with phones (or as a service) so that idle devices stay leasable
@@ -25,6 +26,7 @@ from farm.errors import InfraError, UsageError
 from farm.pool import Pool
 
 PRUNE_EVERY_S = 3600.0  # `farm pool watch` applies the retention setting this often
+HEALTH_EVERY_S = 900.0  # `farm pool watch --health`: LAVA's health checks are hours apart; ours are cheap
 
 
 def _pool_options(f):
@@ -69,8 +71,14 @@ def prune(days: float | None) -> None:
 @click.command("watch")
 @click.option("--interval", type=float, default=None, metavar="S",
               help="Seconds between passes [default: a quarter of pool.liveness_s, at most 30].")
+@click.option("--health", is_flag=True,
+              help="Also check every idle device's health (a shell answers, booted, room in the "
+                   "workspace) at start and every --health-every seconds; a failing device climbs "
+                   "the recovery ladder ([recovery] in the config) and is quarantined if it stays bad.")
+@click.option("--health-every", type=float, default=HEALTH_EVERY_S, show_default=True, metavar="S",
+              help="Seconds between health checks.")
 @_pool_options
-def watch(interval: float | None) -> None:
+def watch(interval: float | None, health: bool, health_every: float) -> None:
     """Keep the pool in step with the adb servers until SIGTERM or Ctrl-C.
 
     Syncs every configured adb server once, then every S seconds asks each server for its device
@@ -83,6 +91,7 @@ def watch(interval: float | None) -> None:
     if interval is not None:
         finite_seconds(interval, "--interval")
     every = watch_interval(config.pool.liveness_s) if interval is None else interval
+    finite_seconds(health_every, "--health-every")
     if every >= config.pool.liveness_s:
         raise UsageError(f"--interval {every:g}: must be shorter than pool.liveness_s "
                          f"({config.pool.liveness_s:g}s), or idle devices go stale between passes")
@@ -98,7 +107,11 @@ def watch(interval: float | None) -> None:
             click.echo(f"watching {servers} every {every:g}s (liveness bound "
                        f"{config.pool.liveness_s:g}s)", err=True)
             pruned_at = -PRUNE_EVERY_S
+            checked_at = -health_every
             while not stop.is_set():
+                if health and time.monotonic() - checked_at >= health_every:
+                    _health_pass(farm, config)
+                    checked_at = time.monotonic()
                 if time.monotonic() - pruned_at >= PRUNE_EVERY_S:
                     pruned = farm.pool.prune(config.pool.retention_days * 86400)
                     if pruned:
@@ -119,6 +132,19 @@ def watch(interval: float | None) -> None:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     click.echo("stopped", err=True)
+
+
+def _health_pass(farm, config) -> None:
+    try:
+        checks = farm.check_health(config.recovery)
+    except InfraError as e:  # the pool is down, say: the next pass tries again
+        click.echo(f"farm pool watch: health check failed: {e}", err=True)
+        return
+    passed = [c.serial for c in checks if c.verdict == "passed"]
+    click.echo(f"health: {len(passed)} of {len(checks)} idle device(s) passed", err=True)
+    for c in checks:
+        if c.verdict != "passed":
+            click.echo(f"health: {c.serial} {c.verdict}: {c.detail}", err=True)
 
 
 def _register() -> None:

@@ -361,6 +361,19 @@ class DeviceTransport:
                                         f"{short(result.err.strip() or result.out.strip())}")
         return result
 
+    def reboot(self, *, timeout: float = CONNECT_TIMEOUT_S) -> None:
+        """``adb reboot``: the ``reboot:`` service, as adb's client opens it. Not a shell command: it
+        reaches a phone whose shell no longer answers. Returns once the device took the request (it
+        closes the stream, or drops its transport, as it goes down)."""
+        with self._stream("reboot:", timeout, what=lambda: "reboot",
+                          timed_out=lambda: f"reboot request not taken in {timeout:g} s") as sock:
+            sock.settimeout(timeout)
+            try:
+                while sock.recv(4096):
+                    pass
+            except (ConnectionResetError, BrokenPipeError):
+                pass  # the device went down under the request: that is what was asked
+
     # -- files ------------------------------------------------------------------------------------
 
     def push(self, src: BinaryIO, remote: str, *, mode: int = 0o644, timeout: float = 60.0,

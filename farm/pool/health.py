@@ -296,6 +296,11 @@ def record_infra_failure(txn: Txn, serial: str, reason: str, quarantine_after: i
     return False
 
 
+def record_recovery(txn: Txn, serial: str, detail: str) -> None:
+    _device_row(txn, serial)
+    log_event(txn, EventKind.RECOVERY, serial=serial, detail=detail)
+
+
 def record_success(txn: Txn, serial: str) -> None:
     """The device did its work: it answers, so it counts as seen now (liveness)."""
     row = _device_row(txn, serial)

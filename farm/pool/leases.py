@@ -607,6 +607,11 @@ class Pool:
         with self._write() as txn:
             health.record_success(txn, serial)
 
+    def record_recovery(self, serial: str, detail: str) -> None:
+        """Log a rung of the recovery ladder (or its verdict) in the device's history."""
+        with self._write() as txn:
+            health.record_recovery(txn, serial, detail)
+
     def quarantine(self, serial: str, reason: str) -> None:
         with self._write() as txn:
             health.quarantine(txn, serial, reason)

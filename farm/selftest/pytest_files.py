@@ -3,6 +3,7 @@ project's tests: a test file that generates once per prompt, and the farm's conf
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 # .format(prompts=[...], seq_len=N): test_generate[SOC-PROMPT], one a prompt and SoC.
@@ -16,9 +17,12 @@ def test_generate(llm, prompt):
 """
 
 
-def farm_toml(path: Path, adb_port: int, pool_url: str, **pool) -> Path:
+def farm_toml(path: Path, adb_port: int, pool_url: str, *, recovery: dict | None = None, **pool) -> Path:
+    """``[pool]`` keys as keyword arguments; ``recovery``: the ``[recovery]`` table's keys."""
     lines = ["[[adb_servers]]", 'host = "127.0.0.1"', f"port = {adb_port}", "", "[pool]",
              f'url = "{pool_url}"']
     lines += [f"{k} = {v}" for k, v in pool.items()]
+    if recovery is not None:
+        lines += ["", "[recovery]"] + [f"{k} = {json.dumps(v)}" for k, v in recovery.items()]
     path.write_text("\n".join(lines) + "\n")
     return path

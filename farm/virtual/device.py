@@ -42,7 +42,7 @@ from farm.virtual.confine import (
     probe,
     unconfined_requested,
 )
-from farm.virtual.faults import NO_FAULTS, Faults, read_faults
+from farm.virtual.faults import NO_FAULTS, Faults, clear_at_boot, read_faults
 from farm.virtual.identity import (
     DeviceIdentity,
     device_shell,
@@ -354,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.exit_with_pid:
         # A test session killed -9 leaves nothing behind.
         procs.watch_owner(args.exit_with_pid, stop_and_exit)
+    if clear_at_boot(root):
+        device.logd.write("system", "I", "init", "boot: the wedged shell of the last boot is gone")
     delay_ms = device.faults().boot_completed_delay_ms
     if delay_ms is None:
         device.complete_boot()  # before run.json: whoever waits for the device finds it booted

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from farm.errors import UsageError
@@ -26,6 +26,9 @@ class Faults:
     hang_commands: str | None = None          # regex: a matching shell command never finishes
     runner_delay_ms: int | None = None        # the host runner sleeps this long per decoded token
     boot_completed_delay_ms: int | None = None  # at (re)boot, sys.boot_completed is set this much later
+    # every shell command hangs (a wedged phone: adbd up, nothing runs) until the next boot, which
+    # clears it: what only the recovery ladder's reboot rung can cure
+    hang_until_reboot: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("drop_after_bytes", "slow_bytes_per_s", "disk_full_after_bytes", "runner_delay_ms",
@@ -34,6 +37,9 @@ class Faults:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value < 0):
                 raise UsageError(f"fault '{name}' must be a non-negative integer, got {value!r}")
+        if self.hang_until_reboot is not None and not isinstance(self.hang_until_reboot, bool):
+            raise UsageError(f"fault 'hang_until_reboot' must be true or false, got "
+                             f"{self.hang_until_reboot!r}")
         if self.slow_bytes_per_s == 0:
             raise UsageError("fault 'slow_bytes_per_s' must be positive, got 0")
         if self.hang_commands is not None:
@@ -43,6 +49,8 @@ class Faults:
                 raise UsageError(f"fault 'hang_commands' is not a valid regex: {e}") from None
 
     def hangs(self, command: str) -> bool:
+        if self.hang_until_reboot:
+            return True
         return self.hang_commands is not None and re.search(self.hang_commands, command) is not None
 
     def command_env(self) -> dict[str, str]:
@@ -72,6 +80,15 @@ def read_faults(root: Path) -> Faults:
         raise UsageError(f"{root / FAULTS_FILE}: unknown fault(s) {sorted(unknown)} "
                          f"(known: {sorted(known)})")
     return Faults(**raw)
+
+
+def clear_at_boot(root: Path) -> bool:
+    """A (re)boot ends the faults that last until one; True if one was in force."""
+    faults = read_faults(root)
+    if not faults.hang_until_reboot:
+        return False
+    write_faults(root, replace(faults, hang_until_reboot=None))
+    return True
 
 
 def write_faults(root: Path, faults: Faults) -> None:

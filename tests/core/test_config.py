@@ -84,6 +84,12 @@ def test_file_from_the_environment(tmp_path, monkeypatch):
     ('[[devices]]\nserial = "x"\nsoc = "SM8650"\n', "farm.toml:3: unknown key 'devices[0].soc'"),
     ('[pool]\nliveness_s = 0\n', "farm.toml:2: key 'pool.liveness_s'"),
     ('[pool]\nretention_days = "30"\n', "farm.toml:2: key 'pool.retention_days'"),
+    ('[recovery]\nrungs = ["return", "wait"]\n', "farm.toml:2: key 'recovery.rungs': recovery rung(s) 'wait'"),
+    ('[recovery]\nrungs = ["reboot", "boot"]\n', "in the order return, boot, reboot"),
+    ('[recovery]\nrungs = [1]\n', "farm.toml:2: key 'recovery.rungs' must be a list of rung names"),
+    ('[recovery]\nrungs = "reboot"\n', "farm.toml:2: key 'recovery.rungs' must be list"),
+    ('[recovery]\nboot_timeout_s = 0\n', "farm.toml:2: key 'recovery.boot_timeout_s'"),
+    ('[recovery]\nwait_s = 5\n', "farm.toml:2: unknown key 'recovery.wait_s'"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, needle):
     path = tmp_path / "farm.toml"
@@ -91,6 +97,16 @@ def test_bad_config_names_file_and_key(tmp_path, text, needle):
     with pytest.raises(UsageError) as exc:
         load_config(path)
     assert needle in str(exc.value) and str(path) in str(exc.value)
+
+
+def test_the_recovery_ladder_is_configured_per_farm(tmp_path):
+    path = tmp_path / "farm.toml"
+    path.write_text('[recovery]\nrungs = ["boot", "reboot"]\nreboot_timeout_s = 90\n')
+    ladder = load_config(path).recovery
+    assert ladder.rungs == ("boot", "reboot") and ladder.reboot_timeout_s == 90.0
+    assert ladder.return_timeout_s == 60.0 and ladder.probe_timeout_s == 10.0  # the defaults
+    path.write_text('[recovery]\nrungs = []\n')
+    assert load_config(path).recovery.rungs == ()  # quarantine by the count alone
 
 
 def test_explicit_missing_file(tmp_path):

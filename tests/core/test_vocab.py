@@ -111,6 +111,6 @@ def test_infra_event_names():
     from farm.vocab import PURPOSES, EventKind, Purpose
 
     assert {k.infra_name for k in EventKind if k.infra_name} == {
-        "quarantine", "offline", "release-lost", "infra-failure", "online", "restored"}
+        "quarantine", "offline", "release-lost", "infra-failure", "online", "restored", "recovery"}
     assert EventKind.LEASED.infra_name is None
     assert PURPOSES == ("pr", "nightly", "release", "adhoc") == tuple(Purpose)
