@@ -1,6 +1,7 @@
 """mutmut's command line (pinned mutmut==3.8.1), with its string operator told that SQL ignores case,
-without its second clean run of the tests (``without_a_second_clean_run``) and running a mutant's
-tests in two rounds (``in_two_rounds``).
+without its second clean run of the tests (``without_a_second_clean_run``), running a mutant's tests
+in two rounds (``in_two_rounds``) and not running the mutants already judged equivalent
+(``skipping_judged_equivalents``; ``PTEFARM_MUTATION_RECHECK=1`` runs them too).
 
 mutmut mutates every string literal three ways: "XX" around it, all lower case, all upper case. In a
 SQL statement the two case changes are equivalent mutants by definition (keywords and unquoted
@@ -97,6 +98,51 @@ def in_two_rounds(runner_class: Any, first: int = FIRST_TESTS) -> None:
     runner_class.run_tests = in_rounds
 
 
+SKIPPED = 34  # mutmut's exit code for "skipped"; ci/mutation_report.py counts a matched one as equivalent
+RECHECK_ENV = "PTEFARM_MUTATION_RECHECK"
+
+
+def skipping_judged_equivalents(runner_class: Any, root: str) -> None:
+    """A mutant that ``ci/mutation_equivalents/`` judges equivalent (matched, as the report matches
+    it, by its function and the lines it changes) is not run: it survives by definition, and each
+    costs every test that reaches its function (20 s for one of ``deploy``'s: a fifth of the whole
+    run went to them). ``PTEFARM_MUTATION_RECHECK=1`` runs them all the same, which is how an entry
+    that a new test kills is found (the report then lists it, to be dropped)."""
+    import os
+
+    run_tests = runner_class.run_tests
+    judged: dict[str, Any] = {}
+
+    def equivalent(mutant_name: str) -> bool:
+        import mutation_report as report  # ci/, on sys.path as this script's folder
+
+        if "keys" not in judged:
+            judged["keys"] = report.load_equivalents()
+            judged["functions"] = {function for function, _ in judged["keys"]}
+        function = report.function_of(mutant_name)
+        if function not in judged["functions"]:
+            return False
+        here = os.getcwd()
+        os.chdir(root)  # mutmut's diff reads mutants/ from the project's root
+        try:
+            key = (function, report.mutated_lines(report.diff_of(mutant_name)))
+        finally:
+            os.chdir(here)
+        return key in judged["keys"]
+
+    def run(self: Any, *, mutant_name: str | None, tests: Iterable[str]) -> int:
+        if mutant_name is not None and os.environ.get(RECHECK_ENV) != "1":
+            try:
+                if equivalent(mutant_name):
+                    return SKIPPED
+            except Exception as e:  # noqa: BLE001 - a judgement that cannot be read: run the tests
+                print(f"mutmut_cli: {mutant_name}: not matched against the equivalents: {e}",
+                      file=sys.stderr)
+        return run_tests(self, mutant_name=mutant_name, tests=tests)
+
+    runner_class.run_tests = run
+
+
 def main() -> None:
     import mutmut.__main__ as main_module
     from mutmut.runners.harness import PytestRunner
@@ -110,6 +156,9 @@ def main() -> None:
         for kind, operator in mutators.mutation_operators]
     without_a_second_clean_run(main_module)
     in_two_rounds(PytestRunner)
+    import os
+
+    skipping_judged_equivalents(PytestRunner, os.getcwd())  # outermost: a skipped mutant runs nothing
     sys.argv[0] = "mutmut"
     cli()
 

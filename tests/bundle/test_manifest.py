@@ -588,6 +588,15 @@ def test_a_lookahead_mode_carries_the_flags_its_program_was_exported_for(tmp_pat
     assert written["lookahead"]["gcap"] == 8 and "ngram" not in written["hybrid"]
 
 
+def test_lookahead_flags_of_one_are_the_smallest_allowed(tmp_path):
+    manifest = make_qnn_bundle(tmp_path / "b")
+    raw = _raw(manifest)
+    raw["modes"]["lookahead"] = {"pte": "hybrid.pte", "eval_mode": 2, "ar_len": 8, "ngram": 2,
+                                 "window": 1, "gcap": 1}
+    assert load(_save(manifest, raw)).modes["lookahead"].lookahead_args == [
+        "--ngram", "2", "--window", "1", "--gcap", "1"]
+
+
 @pytest.mark.parametrize("mode, message", [
     ({"eval_mode": 2, "ngram": 3, "window": 4}, "modes.lookahead: field 'gcap' must be a positive "
                                                 "integer beside 'ngram', 'window'"),
@@ -595,7 +604,8 @@ def test_a_lookahead_mode_carries_the_flags_its_program_was_exported_for(tmp_pat
     ({"eval_mode": 1, "ngram": 3, "window": 4, "gcap": 4}, "modes.lookahead: field 'ngram' is for "
                                                            "lookahead decoding (eval_mode 2), not "
                                                            "eval_mode 1"),
-], ids=["one missing", "zero", "not a lookahead mode"])
+    ({"eval_mode": 2, "ngram": "3", "window": 4, "gcap": 4}, "modes.lookahead: field 'ngram' has the wrong type (str)"),
+], ids=["one missing", "zero", "not a lookahead mode", "not a number"])
 def test_lookahead_flags_that_cannot_be_right_are_refused_naming_the_field(tmp_path, mode, message):
     manifest = make_qnn_bundle(tmp_path / "b")
     raw = _raw(manifest)

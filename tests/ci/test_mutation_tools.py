@@ -141,3 +141,38 @@ def test_a_mutants_tests_run_in_two_rounds_with_the_verdict_of_one():
     ran.clear()
     assert Runner().run_tests(mutant_name=None, tests=tests) == 1  # the clean run: one round
     assert ran == [tests]
+
+
+def test_a_mutant_judged_equivalent_is_not_run_unless_a_recheck_is_asked(tmp_path, monkeypatch, capsys):
+    (tmp_path / "farm.m.toml").write_text(
+        '[[equivalent]]\nmutant = "farm.m.x_f__mutmut_3"\nmutated = "n = 3"\nreason = "same default"\n')
+    load = report.load_equivalents
+    monkeypatch.setattr(report, "load_equivalents", lambda: load(tmp_path))
+    diffs = {"farm.m.x_f__mutmut_5": "+    n = 3", "farm.m.x_f__mutmut_6": "+    n = 4"}
+    looked: list[str] = []
+    monkeypatch.setattr(report, "diff_of", lambda name: looked.append(name) or diffs[name])
+    ran = []
+
+    class Runner:
+        def run_tests(self, *, mutant_name, tests):
+            ran.append(mutant_name)
+            return 0
+
+    cli.skipping_judged_equivalents(Runner, str(tmp_path))
+    monkeypatch.delenv(cli.RECHECK_ENV, raising=False)
+    assert Runner().run_tests(mutant_name="farm.m.x_f__mutmut_5", tests=["t"]) == cli.SKIPPED
+    assert Runner().run_tests(mutant_name="farm.m.x_f__mutmut_6", tests=["t"]) == 0  # another change
+    assert Runner().run_tests(mutant_name="farm.m.x_g__mutmut_1", tests=["t"]) == 0  # no judgement
+    assert ran == ["farm.m.x_f__mutmut_6", "farm.m.x_g__mutmut_1"]
+    assert "farm.m.x_g__mutmut_1" not in looked  # a function without judgements is not even diffed
+    monkeypatch.setenv(cli.RECHECK_ENV, "1")
+    assert Runner().run_tests(mutant_name="farm.m.x_f__mutmut_5", tests=["t"]) == 0  # run after all
+    monkeypatch.delenv(cli.RECHECK_ENV)
+    # The report counts a skipped, judged mutant as equivalent, and says that it was not run.
+    monkeypatch.setattr(report, "results", lambda: {"farm.m.x_f__mutmut_5": "skipped",
+                                                    "farm.m.x_f__mutmut_6": "killed"})
+    assert report.main([]) == 0
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if line.startswith("farm.m ")]
+    assert row.split()[1:] == ["1", "0", "1", "0", "100.0%"]
+    assert "judged equivalents were not run" in out and "equivalents matching no survivor" not in out

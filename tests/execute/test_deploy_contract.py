@@ -348,8 +348,10 @@ def test_every_device_call_is_bounded_by_the_callers_timeouts(tmp_path, caplog):
     (_ws(device, bundle) / "model.pte").unlink()
     with pytest.raises(AdbError, match="push failed"):
         deploy(device, bundle, timeout=7, hash_timeout=99)
-    kinds = {(kind, "sha256sum" in what): timeout for kind, what, timeout, _ in device.calls}
-    assert kinds == {("shell", False): 7, ("shell", True): 99, ("push", False): 7}
+    kinds: dict[tuple[str, bool], set[float]] = {}
+    for kind, what, timeout, _ in device.calls:
+        kinds.setdefault((kind, "sha256sum" in what), set()).add(timeout)
+    assert kinds == {("shell", False): {7}, ("shell", True): {99}, ("push", False): {7}}
     assert any(what.startswith("rm -f -- ") for _, what, _, _ in device.calls)  # the discard
 
 
@@ -393,3 +395,123 @@ def test_the_bundles_runner_is_made_executable_again_when_kept(tmp_path, qnn):
     report = deploy(device, qnn, verify="full")
     assert report.pushed == [] and os.access(runner, os.X_OK)
     assert not os.access(_ws(device, qnn) / "kv.pte", os.X_OK)  # only the runner
+
+
+def test_a_bundle_stated_in_several_commands_bounds_each_by_the_callers_timeout(tmp_path):
+    """Names too many for one stat command: every further stat, the pushes and the record's push
+    still carry the caller's timeout (a call without it waits its own default, or forever)."""
+    names = {f"{'n' * 200}{i:03d}.bin": 1 for i in range(100)}  # ~20 KB of names: several commands
+    bundle = make_bundle(tmp_path / "b", "many", names)
+    device = RecordingDevice(tmp_path / "device")
+    deploy(device, bundle, timeout=7)
+    stats = [c for c in device.calls if c[0] == "shell" and " stat -c " in c[1]]
+    assert len(stats) >= 2, "the names fit in one command: the test needs more"
+    assert {timeout for _, _, timeout, _ in device.calls} == {7}
+    assert sum(1 for kind, what, _, _ in device.calls if kind == "push" and RECORD_NAME in what) == 1
+
+
+def test_each_hash_command_is_as_full_as_the_bound_allows_and_never_longer(tmp_path):
+    """The files in doubt are hashed in as few commands as fit in COMMAND_BYTES: names that fill a
+    command to the byte stay in it, and one more name of a single byte goes to the next."""
+    import shlex
+
+    from farm.execute.deploy import COMMAND_BYTES
+
+    device = RecordingDevice(tmp_path / "device")
+    ws = f"{device.root}/exact"
+    room = COMMAND_BYTES - len(f"cd {shlex.quote(ws)} && sha256sum --") - 1  # " " before the names
+    sizes, used = {}, -1
+    while room - used > 256:  # 200-byte names while they fit, then one (at most 255) to fill it
+        sizes[f"{len(sizes):04d}{'x' * 196}"] = 1
+        used += 201
+    last = room - used - 1
+    sizes[f"{len(sizes):04d}{'y' * (last - 4)}"] = 1
+    sizes["z"] = 1  # one byte: it would fit in one more byte, or two
+    bundle = make_bundle(tmp_path / "b", "exact", sizes)
+    deploy(device, bundle)
+    (_ws(device, bundle) / RECORD_NAME).unlink()  # the next deploy hashes every file
+    device.calls.clear()
+    assert deploy(device, bundle).files_hashed == len(sizes)
+    hashes = [what for kind, what, _, _ in device.calls if kind == "shell" and "sha256sum" in what]
+    assert [len(h.encode()) for h in hashes] == [COMMAND_BYTES, len(f"cd {shlex.quote(ws)} && sha256sum -- z")]
+    assert all(len(what.encode()) <= COMMAND_BYTES for kind, what, _, _ in device.calls if kind == "shell")
+
+
+def test_a_probe_answer_cut_short_trusts_nothing_and_pushes_everything(tmp_path):
+    """A device whose probe printed nothing (no stat, no record, no df: a shell that lost its output)
+    is taken to hold none of the files: all are pushed, and the deploy still finishes."""
+    bundle = make_bundle(tmp_path / "b", "short", {"model.pte": 1000, "lib.so": 10})
+    device = FakeDevice(tmp_path / "device")
+    deploy(device, bundle)
+
+    class Mute(FakeDevice):
+        def shell(self, command, *, timeout, check=False):
+            result = super().shell(command, timeout=timeout, check=check)
+            if "@@stat" in command:
+                return dataclasses.replace(result, stdout=b"")
+            return result
+
+    mute = Mute(tmp_path / "device")
+    report = deploy(mute, bundle)
+    assert (report.files_pushed, report.files_hashed, report.files_skipped) == (2, 0, 0)
+    assert deploy(FakeDevice(tmp_path / "device"), bundle).files_pushed == 0  # and the record is good
+
+
+def test_a_failed_rename_into_place_fails_the_deploy(tmp_path):
+    bundle = make_bundle(tmp_path / "b", "renames", {"model.pte": 1000})
+    device = FakeDevice(tmp_path / "device", programs={"mv": "#!/bin/sh\necho 'mv: read-only' >&2\nexit 1\n"})
+    with pytest.raises(AdbError, match="exited 1: mv: read-only"):
+        deploy(device, bundle)
+    assert not (_ws(device, bundle) / RECORD_NAME).exists()  # no record vouches for the workspace
+
+
+def test_a_deploy_with_nothing_to_do_says_how_long_it_took(tmp_path):
+    bundle = make_bundle(tmp_path / "b", "idle", {"model.pte": 1000})
+    device = FakeDevice(tmp_path / "device")
+    deploy(device, bundle)
+    report = deploy(device, bundle)
+    assert report.pushed == [] and report.files_hashed == 0
+    assert 0 < report.seconds < 30
+
+
+def test_a_file_named_like_an_option_is_stated_and_kept(tmp_path):
+    """``-n.bin`` is a file to stat and hash, not an option: a second deploy keeps it."""
+    bundle = make_bundle(tmp_path / "b", "dash", {"model.pte": 100, "-n.bin": 10})
+    device = FakeDevice(tmp_path / "device")
+    assert deploy(device, bundle).files_pushed == 2
+    assert deploy(device, bundle).pushed == []
+    (_ws(device, bundle) / RECORD_NAME).unlink()
+    second = deploy(device, bundle)
+    assert second.pushed == [] and second.files_hashed == 2
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda path: path.unlink(), "No such file or directory"),
+    (lambda path: (path.unlink(), path.mkdir()), "Is a directory"),
+])
+def test_a_host_file_gone_between_planning_and_pushing_is_named(tmp_path, qnn, change, reason):
+    """The bundle's file checked when the deploy started and gone (or a directory) by the time it is
+    pushed: bad input naming the manifest and the file, and nothing half-deployed."""
+    pte = next(f for f in qnn.files if f.name == "kv.pte")
+
+    class Racing(FakeDevice):
+        def shell(self, command, *, timeout, check=False):
+            if "@@stat" in command and pte.path.is_file():
+                change(pte.path)  # while the device is probed: after the plan's own checks
+            return super().shell(command, timeout=timeout, check=check)
+
+    device = Racing(tmp_path / "device")
+    with pytest.raises(UsageError) as info:
+        deploy(device, qnn)
+    assert str(info.value) == f"{qnn.manifest_path}: cannot read {pte.path}: {reason}"
+    assert not list(_ws(device, qnn).glob(f"*{PARTIAL_SUFFIX}*"))
+    assert not (_ws(device, qnn) / RECORD_NAME).exists()
+
+
+def test_stat_lines_it_cannot_read_are_files_it_does_not_have():
+    from farm.execute.deploy import _parse_stat
+
+    found = _parse_stat("12 1700000000 a.bin\nsize? 1700000000 b.bin\n12 -5  lead.bin\n"
+                        "stat: cannot stat 'c.bin'\n7 1700000000")
+    assert {name: (r.size, r.mtime) for name, r in found.items()} == {
+        "a.bin": (12, 1700000000), " lead.bin": (12, -5)}

@@ -346,3 +346,65 @@ def test_request_normalization_and_priorities():
         parse_priority("urgent")
     with pytest.raises(UsageError, match="min_htp_arch"):
         LeaseRequest(min_htp_arch="hexagon")
+
+
+def test_a_request_for_one_device_that_times_out_says_which(pool):
+    pool.sync([fake_device("dev0"), fake_device("dev1")])
+    busy = pool.acquire(LeaseRequest(serial="dev1"), Holder.current("someone"), ttl_s=30, timeout_s=1)
+    with pytest.raises(LeaseTimeout) as caught:
+        pool.acquire(LeaseRequest(serial="dev1"), Holder.current("me"), ttl_s=30, timeout_s=0.2)
+    assert caught.value.serial == "dev1"  # the error is about that device (blame, retries use it)
+    busy.release()
+
+
+def test_a_waiter_is_told_how_long_it_has_waited(pool):
+    pool.sync([fake_device("dev0")])
+    busy = pool.acquire(LeaseRequest(), Holder.current("someone"), ttl_s=30, timeout_s=1)
+    waited: list[float] = []
+    with pytest.raises(LeaseTimeout):
+        pool.acquire(LeaseRequest(), Holder.current("me"), ttl_s=30, timeout_s=0.6, on_wait=waited.append)
+    assert waited and all(isinstance(w, float) for w in waited)
+    assert waited == sorted(waited) and 0 <= waited[0] and waited[-1] <= 0.6 + PROMPT_S
+    busy.release()
+
+
+def test_a_lease_granted_after_a_wait_keeps_the_heartbeat_asked_for(pool):
+    pool.sync([fake_device("dev0")])
+    busy = pool.acquire(LeaseRequest(), Holder.current("someone"), ttl_s=30, timeout_s=1)
+    timer = threading.Timer(0.3, busy.release)
+    timer.start()
+    try:
+        lease = pool.acquire(LeaseRequest(), Holder.current("me"), ttl_s=30, timeout_s=PROMPT_S + 1,
+                             heartbeat_s=0.123)
+    finally:
+        timer.join()
+    assert lease.heartbeat_s == 0.123
+    lease.release()
+
+
+def test_a_waiter_gives_up_when_its_timeout_passes(pool):
+    pool.sync([fake_device("dev0")])
+    busy = pool.acquire(LeaseRequest(), Holder.current("someone"), ttl_s=30, timeout_s=1)
+    started = time.monotonic()
+    with pytest.raises(LeaseTimeout):
+        pool.acquire(LeaseRequest(), Holder.current("me"), ttl_s=30, timeout_s=0.3)
+    assert time.monotonic() - started < 0.3 + PROMPT_S  # not at its next scheduled write
+    busy.release()
+
+
+def test_a_waiter_that_waits_past_the_stale_bound_keeps_its_place(pool_url):
+    """A live waiter refreshes its queue entry well within ``waiter_stale_s``: however long it waits,
+    it is never dropped as abandoned (which would put it at the back of the queue)."""
+    # 4 s: above a wait's longest sleep between polls (1.5 x the 1 s of a pushing listener)
+    with Pool.open(pool_url, waiter_stale_s=4.0, poll_s=0.02) as pool:
+        pool.sync([fake_device("dev0")])
+        busy = pool.acquire(LeaseRequest(), Holder.current("someone"), ttl_s=30, timeout_s=1)
+        timer = threading.Timer(6.0, busy.release)
+        timer.start()
+        try:
+            lease = pool.acquire(LeaseRequest(), Holder.current("me"), ttl_s=30, timeout_s=6 + PROMPT_S)
+        finally:
+            timer.join()
+        kinds = [e.kind for e in pool.history(limit=None)]
+        assert "abandoned" not in kinds and kinds.count("queued") == 1, kinds
+        lease.release()
