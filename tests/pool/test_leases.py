@@ -408,3 +408,12 @@ def test_a_waiter_that_waits_past_the_stale_bound_keeps_its_place(pool_url):
         kinds = [e.kind for e in pool.history(limit=None)]
         assert "abandoned" not in kinds and kinds.count("queued") == 1, kinds
         lease.release()
+
+
+def test_a_rung_of_the_recovery_ladder_is_in_the_devices_history(pool):
+    pool.sync([fake_device("dev0")])
+    pool.record_recovery("dev0", "rung reboot: ok after 2.0s (answering, booted)")
+    [event] = [e for e in pool.history("dev0", limit=None) if e.kind == "recovery"]
+    assert event.serial == "dev0" and event.detail == "rung reboot: ok after 2.0s (answering, booted)"
+    with pytest.raises(UsageError, match="device ghost: not in the pool"):
+        pool.record_recovery("ghost", "rung return: no")
