@@ -16,6 +16,7 @@ its CLI runs (mutmut forks its workers, so they inherit the patch).
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -108,8 +109,6 @@ def skipping_judged_equivalents(runner_class: Any, root: str) -> None:
     costs every test that reaches its function (20 s for one of ``deploy``'s: a fifth of the whole
     run went to them). ``PTEFARM_MUTATION_RECHECK=1`` runs them all the same, which is how an entry
     that a new test kills is found (the report then lists it, to be dropped)."""
-    import os
-
     run_tests = runner_class.run_tests
     judged: dict[str, Any] = {}
 
@@ -156,8 +155,6 @@ def main() -> None:
         for kind, operator in mutators.mutation_operators]
     without_a_second_clean_run(main_module)
     in_two_rounds(PytestRunner)
-    import os
-
     skipping_judged_equivalents(PytestRunner, os.getcwd())  # outermost: a skipped mutant runs nothing
     sys.argv[0] = "mutmut"
     cli()

@@ -88,14 +88,14 @@ DEFAULT_QUARANTINE_AFTER = 3
 DEFAULT_LIVENESS_S = 120.0  # a device not seen (synced, or used) this long is not leased
 DEFAULT_COMMAND_TIMEOUT_S = 600.0
 DEFAULT_RETENTION_DAYS = 30.0
-DEFAULT_RESULTS_RETENTION_DAYS = 180.0
+DEFAULT_RESULTS_RETENTION_DAYS = 180.0  # stored runs; named baselines are kept whatever their age
 # The recovery ladder (farm.device.recovery): its rungs in the only order they make sense in, and how
 # long each may take. The waits are Tradefed's order of magnitude (a phone reboots in 30-90 s).
 RECOVERY_RUNGS = ("return", "boot", "reboot")
 DEFAULT_RETURN_TIMEOUT_S = 60.0
 DEFAULT_BOOT_TIMEOUT_S = 120.0
 DEFAULT_REBOOT_TIMEOUT_S = 300.0
-DEFAULT_PROBE_TIMEOUT_S = 10.0  # one look's shell: a phone that cannot echo in 10 s is not answering  # stored runs; named baselines are kept whatever their age
+DEFAULT_PROBE_TIMEOUT_S = 10.0  # one look's shell: a phone that cannot echo in 10 s is not answering
 # A device tag: what `farm pool tag` and `[[devices]] tags` accept (no spaces or commas: tags are
 # listed comma-separated).
 TAG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}")

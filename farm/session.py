@@ -208,12 +208,13 @@ class Farm:
                    ladder: RecoveryConfig) -> HealthCheck:
         server = AdbServerAddress.parse(server_text)
         config = recovery.for_virtual(ladder) if virtual else ladder
-        health = recovery.probe(server, serial, timeout_s=config.probe_timeout_s)
+        # The ladder's first look is the health check's own: a healthy device climbs no rung.
+        result = recovery.recover(server, serial, config, on_rung=lambda rung: self.pool.record_recovery(
+            serial, f"health check: rung {rung.describe()}"))
+        health = result.before
         if not health.healthy:
-            result = recovery.recover(server, serial, config, on_rung=lambda rung: self.pool.record_recovery(
-                serial, f"health check: rung {rung.describe()}"))
             self.pool.record_recovery(serial, f"health check: {result.describe()}"[:1000])
-            if result.verdict not in (recovery.HEALTHY, recovery.RECOVERED):
+            if result.verdict != recovery.RECOVERED:
                 why = f"health check failed: {health.detail}; recovery: {result.verdict}"
                 self.pool.quarantine(serial, why[:1000])
                 return HealthCheck(serial, "quarantined", why)

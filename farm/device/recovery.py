@@ -82,9 +82,10 @@ def probe(server: AdbServerAddress, serial: str, *, timeout_s: float) -> Health:
     if result.exit_code != 0 or lines[0].strip() != ALIVE:
         return Health(True, False, False, f"shell answered exit {result.exit_code}: "
                                           f"{short((result.out + result.err).strip())!r}")
-    booted = len(lines) > 1 and lines[1].strip() == "1"
-    return Health(True, True, booted, "answering, booted" if booted
-                  else f"answering, still booting (sys.boot_completed={lines[1].strip() if len(lines) > 1 else ''!r})")
+    boot_completed = lines[1].strip() if len(lines) > 1 else ""
+    if boot_completed == "1":
+        return Health(True, True, True, "answering, booted")
+    return Health(True, True, False, f"answering, still booting (sys.boot_completed={boot_completed!r})")
 
 
 @dataclass(frozen=True)
@@ -171,8 +172,7 @@ def recover(server: AdbServerAddress, serial: str, config: RecoveryConfig, *,
                 break
             if name == "return" and not looker.seen_listed:
                 break  # never listed: it is absent, and neither a boot nor a reboot reaches it
-    after = looker.last if rungs and looker.last is not None else before
-    return Recovery(serial, before, after, tuple(rungs), looker.seen_listed)
+    return Recovery(serial, before, looker.last or before, tuple(rungs), looker.seen_listed)
 
 
 def _climb(name: str, looker: _Looker, config: RecoveryConfig,
