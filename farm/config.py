@@ -28,6 +28,9 @@ farm runs on its own adb server on this host and an SQLite pool under the farm h
     reboot_timeout_s = 300               # adb reboot, then wait for it to come back booted
     probe_timeout_s = 10                 # one look: listed, a shell echoes, sys.boot_completed is 1
 
+    [virtual]                            # virtual devices this farm starts (farm virtual up, --virtual)
+    timing = "host"                      # or "phone": a simulated phone's timing, marked simulated
+
     [[devices]]                          # optional, per phone: tags the pool matches requests on
     serial = "R5CW1234ABC"
     tags = ["flagship", "usb3"]
@@ -265,6 +268,17 @@ class RecoveryConfig:
                              f"would cut the boot short)")
 
 
+VIRTUAL_TIMINGS = ("host", "phone")
+
+
+@dataclass(frozen=True)
+class VirtualConfig:
+    """``[virtual]``: how virtual devices this farm starts behave. ``timing = "phone"``: their runner
+    reports a simulated phone's timing (farm/runner/timing.py), every figure marked simulated."""
+
+    timing: str = "host"
+
+
 @dataclass(frozen=True)
 class ResultsConfig:
     retention_days: float = DEFAULT_RESULTS_RETENTION_DAYS
@@ -280,6 +294,7 @@ class FarmConfig:
     devices: tuple[DeviceConfig, ...] = ()
     results: ResultsConfig = field(default_factory=ResultsConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    virtual: VirtualConfig = field(default_factory=VirtualConfig)
 
     @property
     def device_tags(self) -> dict[str, tuple[str, ...]]:
@@ -295,6 +310,7 @@ _KNOWN = {
     "run": {"command_timeout_s", "workspace"},
     "devices": {"serial", "tags"},
     "results": {"retention_days"},
+    "virtual": {"timing"},
     "recovery": {"rungs", "return_timeout_s", "boot_timeout_s", "reboot_timeout_s", "probe_timeout_s"},
 }
 
@@ -496,7 +512,8 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
         results_t, "results", "retention_days", (int, float), DEFAULT_RESULTS_RETENTION_DAYS, loc,
         True)))
     return FarmConfig(home=home, adb_servers=servers, pool=pool, run=run, source=source,
-                      devices=devices, results=results, recovery=_recovery(raw.get("recovery", {}), loc))
+                      devices=devices, results=results, recovery=_recovery(raw.get("recovery", {}), loc),
+                      virtual=_virtual(raw.get("virtual", {}), loc))
 
 
 def _recovery(table: Any, loc: _Where) -> RecoveryConfig:
@@ -516,6 +533,17 @@ def _recovery(table: Any, loc: _Where) -> RecoveryConfig:
         return RecoveryConfig(rungs=tuple(rungs), **seconds)
     except UsageError as e:
         raise UsageError(f"{loc('recovery.rungs')}: key 'recovery.rungs': {e}") from None
+
+
+def _virtual(table: Any, loc: _Where) -> VirtualConfig:
+    if not isinstance(table, dict):
+        raise UsageError(f"{loc('virtual')}: 'virtual' must be a table")
+    _check_keys(table, "virtual", "virtual", loc)
+    timing = _get(table, "virtual", "timing", str, "host", loc)
+    if timing not in VIRTUAL_TIMINGS:
+        raise UsageError(f"{loc('virtual.timing')}: key 'virtual.timing' must be one of "
+                         f"{', '.join(VIRTUAL_TIMINGS)}, got {excerpt(timing)}")
+    return VirtualConfig(timing=timing)
 
 
 def _devices(raw: Any, loc: _Where) -> tuple[DeviceConfig, ...]:

@@ -343,7 +343,8 @@ def open_farm(config: FarmConfig, *, virtual: Sequence[tuple[str, int]] = (),
         if virtual:
             from farm.virtual import VirtualDeviceSpec, VirtualFarm
 
-            specs = [VirtualDeviceSpec(soc=soc) for soc, n in virtual for _ in range(n)]
+            specs = [VirtualDeviceSpec(soc=soc, timing=config.virtual.timing)
+                     for soc, n in virtual for _ in range(n)]
             if workdir is None:
                 workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ptefarm-")))
             workdir.mkdir(parents=True, exist_ok=True)

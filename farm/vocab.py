@@ -61,6 +61,24 @@ EVAL_MODE_NUMBERS: dict[EvalMode, int] = {EvalMode.KV: 0, EvalMode.HYBRID: 1, Ev
 _EVAL_MODE_BY_NUMBER: dict[int, EvalMode] = {n: m for m, n in EVAL_MODE_NUMBERS.items()}
 
 
+class Timing(StrEnum):
+    """Where a device's figures come from. Only ``measured`` figures are measurements: ``host-cpu``
+    ones are a virtual device's host CPU, ``simulated`` ones a virtual device's phone model
+    (farm/runner/timing.py); reports, JUnit and the v3 export say which, for every figure."""
+
+    MEASURED = "measured"
+    HOST_CPU = "host-cpu"
+    SIMULATED = "simulated"
+
+    @classmethod
+    def of(cls, props: dict[str, str], virtual: bool | None) -> Timing:
+        """A device's, from its properties: a virtual device announces a simulated phone's timing
+        (``ro.ptefarm.timing=simulated``); a phone never does."""
+        if not virtual:
+            return cls.MEASURED
+        return cls.SIMULATED if props.get("ro.ptefarm.timing") == "simulated" else cls.HOST_CPU
+
+
 class DeviceState(StrEnum):
     """A device in the pool. ``leased`` is set while an unexpired lease exists and the device is
     otherwise healthy; ``quarantined`` and ``offline`` win over a lease (the holder keeps its lease,

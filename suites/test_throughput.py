@@ -1,7 +1,9 @@
 """Throughput: tokens/second against the bundle's thresholds (minimums per SoC, mode, seq_len and
 updater; relative rules between updaters). Warm-up runs first, then N measured runs, all kept; the
-median is compared. Phones are first left to cool under --farm-max-temp (virtual devices are not).
-Figures from virtual devices are host-CPU figures and are marked virtual. Every measured run of every
+median is compared. Phones are first left to cool under --farm-max-temp, and so are simulated phones
+(virtual devices with a phone's timing model, whose heat builds with their runs); host-timed virtual
+devices are not. Each device's figures are marked with where they come from: measured on a phone,
+the host CPU of a virtual device, or SIMULATED by a virtual device's phone model. Every measured run of every
 point is recorded raw (``record_measurement``) for the results store and the regression gate."""
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import statistics
 import pytest
 
 from farm.results.checks import below_minimum, too_slow
+from farm.vocab import Timing
 from ptefarm_suites.cases import RelativeRule, Thresholds
 
 from ._data import bundle_thresholds
@@ -45,7 +48,7 @@ def measure(llm, farm, thresholds: Thresholds, record_measurement, *, mode: str,
     """The measured runs (warm-ups dropped), recorded raw: one runner invocation per run, each its
     own process as upstream's CI runs it. Not --num_iters: qnn_llama_runner v1.0.1 keeps its position
     across iterations, so the second iteration of a run that filled its seq_len aborts."""
-    limit = farm.options.max_temp_c or (None if llm.device.virtual else PHONE_MAX_TEMP_C)
+    limit = farm.options.max_temp_c or (None if llm.device.timing == Timing.HOST_CPU else PHONE_MAX_TEMP_C)
     if limit is not None:
         temp = llm.device.wait_cool(limit, farm.options.cool_timeout_s)
         llm.record("battery_temp_c", "unknown" if temp is None else f"{temp:.1f}")
@@ -63,7 +66,9 @@ def measure(llm, farm, thresholds: Thresholds, record_measurement, *, mode: str,
 
 
 def _where(device) -> str:
-    return f"{device.serial} ({device.soc}{', virtual: host-CPU figures' if device.virtual else ''})"
+    figures = {Timing.HOST_CPU: ", virtual: host-CPU figures",
+               Timing.SIMULATED: ", virtual: SIMULATED phone figures, not measured"}.get(device.timing, "")
+    return f"{device.serial} ({device.soc}{figures})"
 
 
 def test_min_throughput(llm, farm, thresholds, record_measurement, point):

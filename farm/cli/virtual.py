@@ -14,6 +14,7 @@ from rich.table import Table
 
 from farm.cli.options import config_option, farm_config, json_option
 from farm.config import AdbServerAddress
+from farm.runner.timing import Slowdown
 from farm.session import parse_soc_counts
 from farm.virtual import SOC_PROFILES, VirtualDeviceSpec, VirtualFarm
 from farm.virtual.identity import load_identity
@@ -57,8 +58,12 @@ def virtual() -> None:
                    "--count for every --soc.")
 @click.option("--platform-only", is_flag=True,
               help="Omit ro.soc.model (only ro.board.platform), like older builds.")
+@click.option("--timing", type=click.Choice(["host", "phone"]), default=None,
+              help="host: the runner reports the host CPU's timing; phone: a simulated phone's "
+                   "(its SoC's published figures, noise, heat and throttling; every figure marked "
+                   "simulated). Default: the config's virtual.timing, else host.")
 @config_option
-def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool) -> None:
+def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool, timing: str | None) -> None:
     """Start virtual devices and connect them to the farm's adb server.
 
     \b
@@ -67,7 +72,8 @@ def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool) -> N
       farm virtual up --soc SM8650 --count 2 --soc SM8550 --count 1
     """
     pairs = parse_soc_counts(socs, counts)
-    specs = [VirtualDeviceSpec(soc=soc, platform_only=platform_only)
+    timing = timing or farm_config().virtual.timing
+    specs = [VirtualDeviceSpec(soc=soc, platform_only=platform_only, timing=timing)
              for soc, n in pairs for _ in range(n)]
     vf = _farm()
     started = vf.up(specs)  # on failure it ends what it started
@@ -167,6 +173,43 @@ def set_state(serial: str, battery_level: int | None, battery_temp: float | None
     zones = ", ".join(f"{z.type}={z.temp_c:g}" for z in state.thermal)
     click.echo(f"{serial}: battery {state.battery_level}% {state.battery_temp_c:g} C "
                f"{state.battery_status}; thermal {zones}")
+
+
+@virtual.command("slowdown")
+@click.argument("serial")
+@click.option("--flag", "flags", multiple=True, metavar="NAME=VALUE:FACTOR",
+              help="Runs given this runner flag value take FACTOR times as long, e.g. "
+                   "kv_updater=SmartMask:1.05. Repeatable.")
+@click.option("--model-sha256", "models", multiple=True, metavar="SHA256:FACTOR",
+              help="Runs of the model file with this digest take FACTOR times as long. Repeatable.")
+@config_option
+def slowdown(serial: str, flags: tuple[str, ...], models: tuple[str, ...]) -> None:
+    """Set a simulated phone's slowdown knobs, replacing its earlier ones (none given: clears them).
+    Only for a device started with --timing phone; takes effect at its next run."""
+    knobs = tuple([_knob(f, "--flag") for f in flags] + [_knob(m, "--model-sha256") for m in models])
+    _farm().set_slowdowns(serial, knobs)
+    click.echo(f"{serial}: " + (", ".join(_knob_text(k) for k in knobs) or "no slowdown"))
+
+
+def _knob(text: str, option: str) -> Slowdown:
+    what, sep, factor = text.rpartition(":")
+    try:
+        value = float(factor)
+    except ValueError:
+        value = None
+    name, eq, flag_value = what.partition("=")
+    if not sep or value is None or (option == "--flag" and not (eq and name and flag_value)) or not what:
+        raise click.BadParameter(f"{text!r}: expected "
+                                 + ("NAME=VALUE:FACTOR" if option == "--flag" else "SHA256:FACTOR"),
+                                 param_hint=option)
+    if option == "--flag":
+        return Slowdown(factor=value, flag=name, value=flag_value)
+    return Slowdown(factor=value, model_sha256=what)
+
+
+def _knob_text(k: Slowdown) -> str:
+    what = f"--{k.flag} {k.value}" if k.flag else f"model {k.model_sha256[:12]}"
+    return f"{what} x{k.factor:g}"
 
 
 @virtual.command("reboot")

@@ -199,9 +199,9 @@ def render_html(q: QualificationReport) -> str:
     parts.append("<h2>Correctness (SmartMask vs ShiftPointer, temperature 0)</h2>")
     parts.append(_correctness(q))
     parts.append("<h2>Devices</h2>")
-    parts.append(_table(["serial", "SoC", "model", "Android", "HTP", "virtual"],
+    parts.append(_table(["serial", "SoC", "model", "Android", "HTP", "virtual", "figures"],
                         [[d.serial, d.soc, d.model or "-", d.android or "-", d.htp_arch or "-",
-                          {True: "yes (host-CPU figures)", False: "no", None: "?"}[d.virtual]]
+                          {True: "yes", False: "no", None: "?"}[d.virtual], d.figures]
                          for d in q.devices]))
     parts.append("<h2>Infrastructure events and attempts</h2>")
     events = q.infra_events

@@ -68,9 +68,9 @@ def render_markdown(q: QualificationReport) -> str:
                             c.outcome, c.error_kind), c.first_divergence or "-",
                           "" if c.outcome == Outcome.PASSED else c.message] for c in q.correctness])
     lines += ["## Devices", ""]
-    lines += _table(["serial", "SoC", "model", "Android", "HTP", "virtual"],
+    lines += _table(["serial", "SoC", "model", "Android", "HTP", "virtual", "figures"],
                     [[d.serial, d.soc, d.model or "-", d.android or "-", d.htp_arch or "-",
-                      {True: "yes", False: "no", None: "?"}[d.virtual]] for d in q.devices])
+                      {True: "yes", False: "no", None: "?"}[d.virtual], d.figures] for d in q.devices])
     lines += ["## Infrastructure events", ""]
     events = q.infra_events
     lines += _table(["at", "device", "kind", "test", "reason"],

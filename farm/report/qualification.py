@@ -22,7 +22,7 @@ from typing import Any
 from farm.exitcodes import ExitCode
 from farm.results.gate import GateResult, GateVerdict, PointResult, evaluate, exit_code
 from farm.results.records import QualificationResults, TestRecord, verdict
-from farm.vocab import ErrorKind, Outcome
+from farm.vocab import ErrorKind, Outcome, Timing
 
 HEADLINES = {
     ExitCode.OK: ("PASS", "every test passed and no throughput regressed"),
@@ -60,6 +60,18 @@ class DeviceRow:
     android: str = ""
     htp_arch: str = ""
     virtual: bool | None = None
+    timing: str = ""  # farm.vocab.Timing; "" in runs stored before it was recorded
+
+    @property
+    def figures(self) -> str:
+        """Where this device's figures come from, as the reports say it."""
+        timing = self.timing or {True: Timing.HOST_CPU, False: Timing.MEASURED}.get(self.virtual, "")
+        return FIGURES.get(timing, "?")
+
+
+# A figure's origin in the reports' words: only a phone's are measurements.
+FIGURES = {"measured": "measured (phone)", "host-cpu": "host CPU (virtual device)",
+           "simulated": "SIMULATED (phone model, not measured)"}
 
 
 @dataclass
@@ -216,14 +228,16 @@ def devices_of(run: QualificationResults) -> list[DeviceRow]:
                 raise ValueError(f"run {run.meta.get('run_id', '?')}: meta.devices[{i}] is not a device "
                                  f"with a serial: {d!r}")
             out.append(DeviceRow(str(d["serial"]), str(d.get("soc") or ""), str(d.get("model") or ""),
-                              str(d.get("android") or ""), str(d.get("htp_arch") or ""), d.get("virtual")))
+                              str(d.get("android") or ""), str(d.get("htp_arch") or ""), d.get("virtual"),
+                              str(d.get("timing") or "")))
         return sorted(out, key=lambda d: (d.soc, d.serial))
     seen: dict[str, DeviceRow] = {}
     for r in run.records:
         if r.serial and r.serial not in seen:
             virtual = r.properties.get("virtual")
             seen[r.serial] = DeviceRow(r.serial, r.soc or "", htp_arch=r.properties.get("htp_arch", ""),
-                                    virtual=run.meta.get("virtual") if virtual is None else virtual == "true")
+                                    virtual=run.meta.get("virtual") if virtual is None else virtual == "true",
+                                    timing=r.properties.get("timing", ""))
     return sorted(seen.values(), key=lambda d: (d.soc, d.serial))
 
 
@@ -305,7 +319,8 @@ def facts(q: QualificationReport) -> list[tuple[str, str]]:
         ("git revision", str(m.get("git_revision") or "unknown")),
         ("started / ended", f"{m.get('started_at', '?')} / {m.get('ended_at') or m.get('written_at') or '?'}"),
         ("wall time", f"{float(m.get('wall_s') or 0):.1f} s"),
-        ("devices", f"{len(q.devices)}" + (" (virtual: host-CPU figures)" if m.get("virtual") else "")),
+        ("devices", f"{len(q.devices)}" + (f" (figures: {', '.join(sorted({d.figures for d in q.devices}))})"
+                                           if q.devices else "")),
         ("tests", f"{len(q.records)}: {q.count(Outcome.PASSED)} passed, {q.count(Outcome.FAILED)} failed, "
                   f"{q.count(Outcome.ERROR)} errors, {q.count(Outcome.SKIPPED)} skipped"),
         ("baseline", "none" if base is None else

@@ -63,6 +63,7 @@ class Measurement:
     mode: str = ""
     seq_len: int = 0
     threshold: float | None = None  # the minimum the median must reach, when a rule gives one
+    timing: str = ""  # farm.vocab.Timing of the device's figures; "" when no device told it
 
     @property
     def key(self) -> tuple[str, str, int, str]:

@@ -191,7 +191,8 @@ class ResultsStore:
                 measured.append((run_id, seq, i, r.nodeid, r.soc, r.serial, m.metric, m.unit,
                                  m.updater, m.mode, int(m.seq_len),
                                  None if m.threshold is None else float(m.threshold),
-                                 _json([float(v) for v in m.values], f"{where}: measurement {m.metric}")))
+                                 _json([float(v) for v in m.values], f"{where}: measurement {m.metric}"),
+                                 str(m.timing or "")))
         with self.store.write() as txn:
             # The run row is upserted, not deleted: a baseline's foreign key may point at it.
             txn.run(
@@ -221,8 +222,8 @@ class ResultsStore:
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
             for row in measured:
                 txn.run("INSERT INTO measurements (run_id, result_seq, seq, nodeid, soc, serial, "
-                        "metric, unit, updater, mode, seq_len, threshold, samples) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                        "metric, unit, updater, mode, seq_len, threshold, samples, timing) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
     def set_baseline(self, name: str, run_id: str, created_by: str = "") -> str | None:
         """Name ``run_id`` as baseline ``name`` (moving the name if it named another run); returns
@@ -279,7 +280,7 @@ class ResultsStore:
             measured.setdefault(int(m["result_seq"]), []).append(Measurement(
                 metric=m["metric"], unit=m["unit"], values=json.loads(m["samples"]),
                 updater=m["updater"], mode=m["mode"], seq_len=int(m["seq_len"]),
-                threshold=m["threshold"]))
+                threshold=m["threshold"], timing=m["timing"] or ""))
         records = []
         for r in txn.all("SELECT * FROM test_results WHERE run_id = ? ORDER BY seq", (run_id,)):
             records.append(TestRecord(

@@ -207,6 +207,7 @@ def run(argv: list[str]) -> int:
 
     from farm.runner.engine import LlamaRunner, cpp_double, updater_class
     from farm.runner.lookahead import LookaheadConfig
+    from farm.runner.timing import simulated_phone
 
     io_cls = updater_class(args.kv_updater)
     runner = LlamaRunner(args.model_path, args.tokenizer_path, args.eval_mode, io_cls,
@@ -223,7 +224,8 @@ def run(argv: list[str]) -> int:
         last_iteration = []
         for prompt, tokens in calls:
             echo = prompt if tokens is not None else runner.template.format(prompt, args.system_prompt)
-            gen_ = runner.generate(echo, args.seq_len, args.temperature, gen, tokens)
+            with simulated_phone(runner, args):
+                gen_ = runner.generate(echo, args.seq_len, args.temperature, gen, tokens)
             text += gen_.text
             last_iteration.append(gen_)
             # token_generator.cpp prints a newline at EOS; lhd_token_generator.cpp two, or one

@@ -22,6 +22,7 @@ from farm.model.llama import MASK_MIN, causal_block
 from farm.model.template import PromptTemplate, check_version
 from farm.runner.io_manager import UPDATERS, ContextFull, IoMgr, KVShape
 from farm.runner.lookahead import LookaheadConfig, LookaheadState
+from farm.runner.timing import WallClock
 from farm.vocab import EvalMode
 
 # --eval_mode -> (prefill method, decode method), runner.cpp:162-178; lookahead (2) decodes with a
@@ -137,6 +138,9 @@ class LlamaRunner:
         self.eval_mode = eval_mode
         self.io = io_mgr_cls(self.shape, [self.prefill_ar, self.decode_ar])
         self.delay_s = _runner_delay_s()
+        # The clock the stats read: the host's, or a simulated phone's (farm/runner/timing.py), set
+        # per generate call by whoever runs the runner.
+        self.clock = WallClock()
         # --dump_logits_path: every step's whole logits output, kept for the runner's life as
         # upstream keeps them (farm/runner/logits.py has the layout); None when not dumping.
         self.prefill_logits: list[np.ndarray] | None = [] if dump_logits else None
@@ -186,7 +190,8 @@ class LlamaRunner:
             raise UsageError(f"--temperature: must be >= 0, got {temperature}")
         seq_len = self.clamp_seq_len(seq_len)
         stats = self.stats
-        stats.inference_start_ms = now_ms()
+        clock = self.clock
+        stats.inference_start_ms = clock.now_ms()
         start_pos = self.cur_pos
         ids = tokens if tokens is not None else self.template.encode(prompt, bos=start_pos == 0)
         if not ids:
@@ -206,7 +211,8 @@ class LlamaRunner:
         # only the generators' loops time theirs, TOK:295-298, LHD:327-330), and decoded after
         # itself: decode(cur_token, cur_token), runner.cpp:430-431.
         token = _pick(self._prefill(ids), temperature, gen)
-        stats.first_token_ms = stats.prompt_eval_end_ms = now_ms()
+        clock.prefill(len(ids))
+        stats.first_token_ms = stats.prompt_eval_end_ms = clock.now_ms()
         generated = [token]
         text += self.template.piece(token, token)
         self.io.switch_method(self.decode_ar)
@@ -221,6 +227,7 @@ class LlamaRunner:
         while self.cur_pos < seq_len - 1:
             prev, token = token, self._sample(self._step(self.decode, [token], self.decode_logits),
                                               temperature, gen, stats)
+            clock.decode()
             generated.append(token)
             text += self.template.piece(token, prev)  # decode(prev_token, cur_token), TOK:316-317
             if self.delay_s:
@@ -234,7 +241,7 @@ class LlamaRunner:
     def _finish(self, ids: list[int], generated: list[int], text: bytearray, n_generated: int,
                 reached_eos: bool, newlines: int) -> Generation:
         stats = self.stats
-        stats.inference_end_ms = now_ms()
+        stats.inference_end_ms = self.clock.now_ms()
         stats.prompt_tokens = len(ids)
         stats.generated_tokens = n_generated
         return Generation(prompt_ids=list(ids), generated_ids=generated, text=bytes(text),
@@ -266,6 +273,7 @@ class LlamaRunner:
             checks = state.verification(token)
             tokens, positions = state.step_inputs(token, pos, checks)
             logits, outputs = self._lookahead_step(tokens, positions)
+            self.clock.decode()
             state.steps += 1
             selected, reached_eos = [], False
             row = 0
@@ -350,11 +358,10 @@ class LlamaRunner:
         # dispatcher, on every decoded token (bench/bench_runner_tokens.py).
         return outputs[0].numpy()[0, len(tokens) - 1]
 
-    @staticmethod
-    def _sample(logits: np.ndarray, temperature: float, gen: torch.Generator, stats: Stats) -> int:
-        start = now_ms()
+    def _sample(self, logits: np.ndarray, temperature: float, gen: torch.Generator, stats: Stats) -> int:
+        start = self.clock.now_ms()
         token = _pick(logits, temperature, gen)
-        stats.aggregate_sampling_time_ms += now_ms() - start
+        stats.aggregate_sampling_time_ms += self.clock.now_ms() - start
         return token
 
 

@@ -65,6 +65,7 @@ from farm.virtual.protocol import (
     device_banner,
 )
 from farm.virtual.shell import CommandContext, kill_commands, parse_shell_service, run_shell
+from farm.virtual.simphone import HeatRenderer, current_timing, install_timing, is_simulated
 from farm.virtual.stream import Stream
 from farm.virtual.syncd import header as syncd_header
 from farm.virtual.syncpump import WarmWorkers, serve_sync
@@ -133,6 +134,10 @@ class VirtualDevice:
         else:
             self.ctx = CommandContext(cwd=root, env=unconfined_env(root), pgid_dir=root / PGID_DIR,
                                       shell=device_shell())
+        self.ctx.env.update(install_timing(root, self.props, confined=confined))
+        self.heat = HeatRenderer(root, current_timing(root).heat) if is_simulated(self.props) else None
+        if self.heat is not None:
+            self.heat.start()
         self.sync_workers = WarmWorkers(self.sync_argv(), self.ctx.env, cwd=self.ctx.cwd)
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
@@ -193,6 +198,8 @@ class VirtualDevice:
 
     def stop(self) -> None:
         self._stopping.set()
+        if self.heat is not None:
+            self.heat.stop()
         if self._listener is not None:
             try:  # wakes the accept() of serve_forever (a close alone does not, on Linux)
                 self._listener.shutdown(socket.SHUT_RDWR)

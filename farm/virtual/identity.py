@@ -26,6 +26,7 @@ from farm.errors import UsageError
 from farm.fileio import write_atomic
 from farm.soc import HTP_ARCH_BY_SOC, PLATFORM_BY_SOC
 from farm.virtual.confine import ETC_REL, MEDIA_REL, PROPS_REL, SHELL_UID, STORAGE_REL, SYSTEM_REL
+from farm.virtual.simphone import SIMULATED, TIMING_PROP, check_timing
 from farm.virtual.phone import PHONE_FILE, PhoneState, load_phone, render_sysfs, save_phone
 
 SPEC_FILE = "spec.json"
@@ -93,6 +94,10 @@ class VirtualDeviceSpec:
     platform_only: bool = False
     model: str | None = None
     free_bytes: int | None = None
+    timing: str = "host"  # "phone": its runner reports a simulated phone's timing (farm.virtual.simphone)
+
+    def __post_init__(self) -> None:
+        check_timing(self.timing, self.soc)
 
     def profile(self) -> SocProfile:
         try:
@@ -172,6 +177,7 @@ def make_identity(spec: VirtualDeviceSpec) -> DeviceIdentity:
         "ro.serialno": serialno,
         "ro.vendor.build.fingerprint": fingerprint,
         "ro.ptefarm.virtual": "1",
+        **({TIMING_PROP: SIMULATED} if spec.timing == "phone" else {}),
     }
     if not spec.platform_only:
         props["ro.soc.model"] = p.soc

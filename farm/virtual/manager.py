@@ -41,14 +41,17 @@ from farm.virtual.confine import (
     unconfined_requested,
 )
 from farm.virtual.device import EXIT_UNCONFINABLE, PGID_DIR, RUN_FILE, device_argv
+from farm.runner.timing import Slowdown
 from farm.virtual.faults import NO_FAULTS, Faults, write_faults
 from farm.virtual.identity import (
     VirtualDeviceSpec,
     create_device_root,
     host_workspace,
+    load_identity,
     make_identity,
 )
 from farm.virtual.phone import PhoneState, load_phone, save_phone
+from farm.virtual.simphone import set_slowdowns
 from farm.virtual.shell import kill_commands
 
 STATE_FILE = "state.json"
@@ -222,6 +225,11 @@ class VirtualFarm:
                 return r
         raise UsageError(f"no virtual device '{serial}' (have: "
                          f"{', '.join(r.serial for r in self.devices) or 'none'})")
+
+    def set_slowdowns(self, serial: str, slowdowns: tuple[Slowdown, ...]) -> None:
+        """A simulated phone's slowdown knobs (replacing its earlier ones), from its next run."""
+        dev = self.device(serial)
+        set_slowdowns(dev.root, load_identity(dev.root).props, slowdowns, confined=dev.confined)
 
     def host_path(self, serial: str, device_path: str) -> Path:
         """Where a path of a device's storage is on the host (see VirtualDeviceProcess.host_path)."""
