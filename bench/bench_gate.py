@@ -1,0 +1,185 @@
+"""Error rates of the throughput gate's designs, measured on simulated phones.
+
+    python bench/bench_gate.py [--trials 400] [--devices 2] [--seed 1]
+
+Every trial is a fresh draw of what a real farm gives: devices that are units of one SoC, each with its
+own speed (the timing model's unit-to-unit spread), a day's drift, and each run's own noise with its
+heavy tail (farm/runner/timing.py, SM8650, hybrid, kv 4096, 128 prompt + 128 generated tokens). Each
+design is run on A/A trials (identical variants: every verdict but "same"/"unchanged"/"undecided" is a
+false alarm) and on A/B trials where B is 3, 5 or 10 % slower (power: the share called "slower"):
+
+- stored baseline: today's gate (farm/results/gate.py, Mann-Whitney U on pooled samples, its defaults)
+  with the baseline's 5 runs per device taken on other units of the SoC on another day, as a nightly
+  baseline is;
+- fixed-N A/B: N interleaved blocks per device (farm/results/ab.py), one look;
+- sequential A/B: the same blocks, looked at every few blocks, stopping when the interval decides.
+
+Fixed N is the smallest N (from a grid), at level 2 % (the false-alarm target), whose power at every
+tested effect is within a point of the sequential design's (equal power); "device
+time" is the mean simulated device-seconds (runs plus a per-run launch overhead) over all trials of a
+design. Each run starts cool: the measurement protocol waits for the phone to cool before a point.
+Ends with one line:
+
+    summary: false alarms F % (A/A, n=N), power P3/P5/P10 % at 3/5/10 %, sequential device time xR of fixed-N
+
+Targets at the defaults: false alarms <= 2 %, power >= 95 % at 5 %, sequential <= 0.6x the device time
+of fixed-N. Exit 1 when one is missed. Every figure here is SIMULATED: it measures the statistics, not
+a phone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from farm.results.ab import ABConfig, ABVerdict, Block, compare, looks  # noqa: E402
+from farm.results.gate import GateConfig, PointVerdict, compare_samples  # noqa: E402
+from farm.runner.timing import PhoneTiming, phone_timing, simulate_tok_s  # noqa: E402
+
+EFFECTS = (0.03, 0.05, 0.10)
+CONTEXT, PROMPT, GENERATED = 4096, 128, 128
+LAUNCH_S = 1.5          # per run: process start and model load, as a phone's runner pays
+BASELINE_RUNS = 5       # the throughput suite's measured runs per point
+FIXED_GRID = (4, 6, 8, 10, 12, 16, 20, 24, 30, 40, 50)
+FIXED_ALPHA = 0.02      # fixed N looks once at the false-alarm target
+POWER_SLACK = 0.01      # "equal power": within a point of the sequential design's at every effect
+
+
+@dataclass
+class Device:
+    timing: PhoneTiming
+    day: float  # this trial's drift
+    rng: random.Random
+    seconds: float = 0.0
+
+    def run(self, slowdown: float = 1.0) -> float:
+        rate, clock = simulate_tok_s(self.timing, updater="SmartMask", context=CONTEXT,
+                                     prompt_tokens=PROMPT, generated=GENERATED, rng=self.rng,
+                                     slowdown=slowdown * self.day)
+        self.seconds += clock.now_ms() / 1000 + LAUNCH_S
+        return rate
+
+
+def devices(base: PhoneTiming, n: int, rng: random.Random) -> list[Device]:
+    out = []
+    for _ in range(n):
+        unit = math.exp(rng.gauss(0.0, base.noise.unit_sigma))
+        day = math.exp(rng.gauss(0.0, base.noise.day_sigma))
+        out.append(Device(replace(base, unit_factor=unit), day, random.Random(rng.random())))
+    return out
+
+
+def slowdown_of(effect: float) -> float:
+    """A B that is ``effect`` slower in tok/s takes 1 / (1 - effect) the time."""
+    return 1.0 / (1.0 - effect)
+
+
+def stored_baseline(base: PhoneTiming, n_dev: int, effect: float, rng: random.Random) -> tuple[str, float]:
+    then = devices(base, n_dev, rng)
+    now = devices(base, n_dev, rng)
+    base_samples = [d.run() for d in then for _ in range(BASELINE_RUNS)]
+    now_samples = [d.run(slowdown_of(effect)) for d in now for _ in range(BASELINE_RUNS)]
+    verdict, _, _ = compare_samples(now_samples, base_samples, GateConfig())
+    return {PointVerdict.REGRESSED: "slower", PointVerdict.IMPROVED: "faster"}.get(verdict, "same"), \
+        sum(d.seconds for d in now)
+
+
+def ab_trial(base: PhoneTiming, n_dev: int, effect: float, config: ABConfig,
+             rng: random.Random) -> tuple[str, float]:
+    devs = devices(base, n_dev, rng)
+    blocks: list[Block] = []
+    done = 0
+    for at in looks(config):
+        for d in devs:
+            for _ in range(at - done):
+                a_first = d.rng.random() < 0.5
+                if a_first:
+                    a = d.run()
+                    b = d.run(slowdown_of(effect))
+                else:
+                    b = d.run(slowdown_of(effect))
+                    a = d.run()
+                blocks.append(Block(str(id(d)), a, b, a_first))
+        done = at
+        result = compare(blocks, config)
+        if result.verdict != ABVerdict.UNDECIDED:
+            break
+    return str(result.verdict), sum(d.seconds for d in devs)
+
+
+def rates(design, trials: int, seed: int) -> dict[float, tuple[float, float]]:
+    """effect -> (share called slower (A/A: share called anything but same), mean device seconds)."""
+    out = {}
+    for effect in (0.0, *EFFECTS):
+        rng = random.Random(f"{seed}-{effect}")
+        n = trials if effect == 0.0 else max(trials // 2, 1)
+        calls, seconds = [], []
+        for _ in range(n):
+            verdict, s = design(effect, rng)
+            calls.append(verdict)
+            seconds.append(s)
+        hit = (sum(v in ("slower", "faster") for v in calls) if effect == 0.0
+               else sum(v == "slower" for v in calls)) / n
+        out[effect] = (hit, statistics.fmean(seconds))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--trials", type=int, default=400, help="A/A trials (A/B: half as many per effect)")
+    p.add_argument("--devices", type=int, default=2, help="devices of the SoC in each trial")
+    p.add_argument("--seed", type=int, default=1)
+    d = ABConfig()
+    p.add_argument("--alpha", type=float, default=d.alpha, help="the sequential design's alpha")
+    p.add_argument("--min-effect", type=float, default=d.min_effect)
+    p.add_argument("--min-blocks", type=int, default=d.min_blocks)
+    p.add_argument("--max-blocks", type=int, default=d.max_blocks)
+    p.add_argument("--look-every", type=int, default=d.look_every)
+    args = p.parse_args(argv)
+    base = phone_timing("SM8650", "bench")
+    sequential = ABConfig(alpha=args.alpha, min_effect=args.min_effect, min_blocks=args.min_blocks,
+                          max_blocks=args.max_blocks, look_every=args.look_every)
+    table = {"stored baseline (gate.py)": rates(
+        lambda e, rng: stored_baseline(base, args.devices, e, rng), args.trials, args.seed)}
+    seq = rates(lambda e, rng: ab_trial(base, args.devices, e, sequential, rng), args.trials, args.seed)
+    fixed_n, fixed = None, None
+    for n in FIXED_GRID:
+        cfg = ABConfig(alpha=FIXED_ALPHA, min_effect=sequential.min_effect, min_blocks=n,
+                       max_blocks=n, sequential=False)
+        fixed = rates(lambda e, rng: ab_trial(base, args.devices, e, cfg, rng), args.trials, args.seed)
+        fixed_n = n
+        if all(fixed[e][0] >= seq[e][0] - POWER_SLACK for e in EFFECTS):
+            break
+    table[f"fixed-N A/B (N={fixed_n} blocks/device)"] = fixed
+    table[f"sequential A/B (blocks {sequential.min_blocks}..{sequential.max_blocks}, "
+          f"every {sequential.look_every})"] = seq
+    print(f"simulated SM8650 units x{args.devices} per trial, hybrid kv {CONTEXT}, {PROMPT}+{GENERATED} "
+          f"tokens; A/A n={args.trials}, A/B n={max(args.trials // 2, 1)} per effect; SIMULATED figures")
+    head = f"{'design':58} {'false alarm':>11} " + " ".join(f"{f'power {e:.0%}':>10}" for e in EFFECTS) \
+        + f" {'device s (mean)':>16}"
+    print(head)
+    print("-" * len(head))
+    for name, r in table.items():
+        mean_s = statistics.fmean(s for _, s in r.values())
+        print(f"{name:58} {r[0.0][0]:>10.1%} " + " ".join(f"{r[e][0]:>10.1%}" for e in EFFECTS)
+              + f" {mean_s:>16.0f}")
+    seq_s = statistics.fmean(s for _, s in seq.values())
+    fixed_s = statistics.fmean(s for _, s in fixed.values())
+    ratio = seq_s / fixed_s
+    f_pct, powers = seq[0.0][0] * 100, [seq[e][0] * 100 for e in EFFECTS]
+    print(f"summary: false alarms {f_pct:.1f} % (A/A, n={args.trials}), power "
+          f"{'/'.join(f'{p:.0f}' for p in powers)} % at 3/5/10 %, sequential device time "
+          f"x{ratio:.2f} of fixed-N")
+    missed = f_pct > 2.0 or powers[1] < 95.0 or ratio > 0.6
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
