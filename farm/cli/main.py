@@ -35,6 +35,7 @@ def main() -> None:
 def _register() -> None:
     # Each sub-command family lives in its own module; imports stay inside the commands that need
     # torch or adb, so that `farm --help` is instant.
+    from farm.cli import ab as ab_cli
     from farm.cli import adb as adb_cli
     from farm.cli import bundle as bundle_cli
     from farm.cli import chaos as chaos_cli
@@ -58,6 +59,7 @@ def _register() -> None:
     main.add_command(report_cli.report)
     main.add_command(history_cli.history)
     main.add_command(history_cli.baseline)
+    main.add_command(ab_cli.ab)
     main.add_command(history_cli.results)
     main.add_command(adb_cli.adb)
 

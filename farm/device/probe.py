@@ -24,7 +24,7 @@ PROBE_TIMEOUT_S = 20.0
 PROPS = (
     "ro.soc.model", "ro.soc.manufacturer", "ro.board.platform", "ro.product.model",
     "ro.build.version.release", "ro.build.version.sdk", "ro.product.cpu.abi",
-    "ro.ptefarm.virtual", "ro.ptefarm.workspace", "ro.ptefarm.confined",
+    "ro.ptefarm.virtual", "ro.ptefarm.workspace", "ro.ptefarm.confined", "ro.ptefarm.timing",
 )
 
 # One shell call for everything but the properties; sections start with "@@name".

@@ -106,3 +106,18 @@ def test_farm_report_format_v3(tmp_path):
     assert proc.stdout.strip() == f"pytorch-benchmark-v3: {path}"
     _validate(json.loads(path.read_text()))
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["benchmark-v3.json"]
+
+
+def test_a_simulated_figure_never_reads_as_a_measured_one():
+    now = sample_run()
+    for r in now.records:
+        for m in r.measurements:
+            m.timing = "simulated" if r.soc == "SM8650" else "measured"
+    data = records(now)
+    tput = [r for r in data if r["metric"]["name"].startswith("token_per_sec")]
+    for r in tput:
+        simulated = r["runners"][0]["extra_info"]["soc"] == "SM8650"
+        assert r["metric"]["name"] == ("token_per_sec(simulated)" if simulated else "token_per_sec")
+        assert r["benchmark"]["extra_info"]["simulated"] == str(simulated).lower()
+        assert r["benchmark"]["extra_info"]["timing"] == ("simulated" if simulated else "measured")
+    _validate(data)

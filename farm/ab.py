@@ -1,0 +1,182 @@
+"""``farm ab``: two variants measured on the same devices in interleaved, randomized blocks, until the
+interval decides or the budget is spent (the statistics: farm/results/ab.py).
+
+A variant is a bundle and a run request (updater, mode, seq_len, prompt): two bundles with the same
+request, or one bundle with two requests (the two updaters). Each device of the SoC is leased for the
+whole comparison; both bundles are deployed side by side (each has its own workspace, so they stay
+cached), then every round runs ``look_every`` blocks on every device at once, one thread per device.
+A block is one run of each variant in a random order (a coin per block, from ``seed``). Each run keeps
+its conditions: the battery level and temperature before and after, the thermal status after, and
+whether the device was throttling (thermal status 2, MODERATE, or above, when it answered).
+
+A failure of the infrastructure (a device gone, adb, a lease lost) is raised as such: no verdict is
+given on the blocks measured so far. A runner that fails is the variant's failure (``RunnerFailed``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import re
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+
+from farm.bundle.manifest import Bundle
+from farm.device.discovery import find_device
+from farm.device.probe import parse_battery
+from farm.errors import UsageError
+from farm.execute.deploy import deploy
+from farm.execute.run import run
+from farm.execute.runprofile import RunRequest
+from farm.pool import Holder, LeaseRequest
+from farm.pool.hold import hold
+from farm.results.ab import ABConfig, ABResult, ABVerdict, Block, compare, looks
+from farm.session import Farm
+from farm.vocab import Timing
+
+log = logging.getLogger(__name__)
+
+THROTTLING_STATUS = 2  # Android's THROTTLING_MODERATE: the platform has started to slow the SoC
+_STATUS = re.compile(r"^Thermal Status: (\d+)", re.M)
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    bundle: Bundle
+    request: RunRequest
+
+    def describe(self) -> str:
+        r = self.request
+        extra = f" {' '.join(r.extra_args)}" if r.extra_args else ""
+        return f"{self.label}: {self.bundle.name} {r.mode}/{r.updater} seq_len {r.seq_len}{extra}"
+
+
+@dataclass
+class Sample:
+    """One measured run and the conditions it ran in."""
+
+    serial: str
+    variant: str
+    block: int
+    tok_s: float
+    battery_level: int | None = None
+    temp_before_c: float | None = None
+    temp_after_c: float | None = None
+    thermal_status: int | None = None
+    throttled: bool = False
+
+
+@dataclass
+class ABRun:
+    a: Variant
+    b: Variant
+    soc: str
+    serials: list[str]
+    timing: str                    # farm.vocab.Timing of the devices' figures (the least measured)
+    config: ABConfig
+    result: ABResult
+    samples: list[Sample] = field(default_factory=list)
+    device_s: float = 0.0          # wall seconds of runs, summed over devices
+    stopped: str = ""              # why sampling stopped
+
+    def to_json(self) -> dict:
+        return {"a": self.a.describe(), "b": self.b.describe(), "soc": self.soc, "serials": self.serials,
+                "timing": self.timing, "simulated": self.timing == Timing.SIMULATED,
+                "config": asdict(self.config), "result": self.result.to_json(),
+                "device_s": round(self.device_s, 3), "stopped": self.stopped,
+                "samples": [asdict(s) for s in self.samples]}
+
+
+def _conditions(device) -> tuple[int | None, float | None, int | None]:
+    level, temp = parse_battery(device.shell("dumpsys battery", timeout=30).out)
+    found = _STATUS.search(device.shell("dumpsys thermalservice", timeout=30).out)
+    return level, temp, int(found.group(1)) if found else None
+
+
+def _measure(device, variant: Variant, block: int, timeout: float) -> tuple[Sample, float]:
+    level, before, _ = _conditions(device)
+    started = time.monotonic()
+    result = run(device, variant.bundle, variant.request, timeout=timeout)
+    spent = time.monotonic() - started
+    if result.tokens_per_s is None or not (math.isfinite(result.tokens_per_s) and result.tokens_per_s > 0):
+        raise UsageError(f"{device.serial}: variant {variant.label} wrote no usable inference_speed.txt "
+                         f"({result.tokens_per_s!r})")
+    _, after, status = _conditions(device)
+    return Sample(device.serial, variant.label, block, float(result.tokens_per_s), level, before, after,
+                  status, status is not None and status >= THROTTLING_STATUS), spent
+
+
+def run_ab(farm: Farm, a: Variant, b: Variant, *, soc: str, devices: int, config: ABConfig,
+           budget_s: float | None = None, seed: int | None = None, run_timeout_s: float = 600.0,
+           acquire_timeout_s: float = 600.0, ttl_s: float = 300.0,
+           on_look: Callable[[ABResult, int], None] | None = None) -> ABRun:
+    """Lease ``devices`` devices of ``soc``, deploy both variants and compare them (see the module)."""
+    if devices < 1:
+        raise UsageError(f"--devices must be at least 1, got {devices}")
+    for v in (a, b):
+        v.request.check()
+    rng = random.Random(seed)
+    holder = Holder.current(purpose=f"farm ab {a.bundle.name} vs {b.bundle.name}")
+    with ExitStack() as stack:
+        handles = []
+        timings = []
+        for _ in range(devices):
+            lease = farm.pool.acquire(LeaseRequest(socs=(soc,), exclude=tuple(h.serial for h in handles)),
+                                      holder, ttl_s=ttl_s, timeout_s=acquire_timeout_s)
+            held = stack.enter_context(hold(lease, release=lambda lease: farm.pool.release(lease.token),
+                                            outlive="the comparison"))
+            adb = find_device(farm.address.adb_servers, lease.serial, workspace_root=farm.address.workspace)
+            handles.append(held.claim(adb))
+            timings.append(Timing.of(adb.props(), lease.device.virtual))
+        for device in handles:
+            for bundle in {id(v.bundle): v.bundle for v in (a, b)}.values():
+                deploy(device, bundle, timeout=min(run_timeout_s, 120.0))
+        blocks: list[Block] = []
+        samples: list[Sample] = []
+        spent = {d.serial: 0.0 for d in handles}
+        lock = threading.Lock()
+        coins = {d.serial: random.Random(rng.random()) for d in handles}
+
+        def blocks_on(device, first: int, count: int) -> None:
+            for i in range(first, first + count):
+                a_first = coins[device.serial].random() < 0.5
+                order = (a, b) if a_first else (b, a)
+                got = {}
+                for v in order:
+                    sample, seconds = _measure(device, v, i, run_timeout_s)
+                    got[v.label] = sample
+                    with lock:
+                        samples.append(sample)
+                        spent[device.serial] += seconds
+                with lock:
+                    blocks.append(Block(device.serial, got[a.label].tok_s, got[b.label].tok_s, a_first))
+
+        done, result, stopped = 0, None, ""
+        with ThreadPoolExecutor(max_workers=len(handles), thread_name_prefix="ab") as pool:
+            for at in looks(config):
+                futures = [pool.submit(blocks_on, d, done, at - done) for d in handles]
+                for f in futures:
+                    f.result()  # an infrastructure error or a failed runner ends the comparison
+                done = at
+                result = compare(blocks, config)
+                if on_look is not None:
+                    on_look(result, done)
+                if result.verdict != ABVerdict.UNDECIDED:
+                    stopped = f"decided after {done} block(s) per device"
+                    break
+                if budget_s is not None and sum(spent.values()) >= budget_s:
+                    stopped = f"budget of {budget_s:g} device-seconds spent after {done} block(s) per device"
+                    break
+            else:
+                stopped = f"{config.max_blocks} block(s) per device, the most the design allows"
+        least = min(timings, key=[Timing.SIMULATED, Timing.HOST_CPU, Timing.MEASURED].index)
+        return ABRun(a, b, soc, [d.serial for d in handles], str(least), config, result, samples,
+                     sum(spent.values()), stopped)
+
+
