@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import math
 import statistics
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -78,12 +79,28 @@ def _history_table(runs: list[QualificationSummary]) -> Table:
 @click.option("--limit", type=int, default=20, show_default=True, help="Runs to list.")
 @click.option("--purpose", type=click.Choice(PURPOSES), default=None, help="Only runs of this purpose.")
 @click.option("--bundle", default=None, metavar="NAME", help="Only runs of this bundle name.")
+@click.option("--changes", is_flag=True,
+              help="Find the runs where a point's throughput moved (change points over the history of "
+                   "--purpose, nightly by default; --limit runs, 200 by default).")
+@click.option("--min-effect", type=float, default=3.0, show_default=True,
+              help="With --changes: the smallest step, in %.")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None,
+              help="With --changes: write a trend plot per point (SVG) and an index.html here.")
 @json_option
 @_store_options
-def history(limit: int, purpose: str | None, bundle: str | None, as_json: bool) -> None:
-    """The runs in the results store, the latest first: verdict, tests, devices, bundle, git."""
+def history(limit: int, purpose: str | None, bundle: str | None, changes: bool, min_effect: float,
+            plot_dir: str | None, as_json: bool) -> None:
+    """The runs in the results store, the latest first: verdict, tests, devices, bundle, git.
+
+    With --changes: the change points of every point's throughput over the history instead."""
     if limit < 1:
         raise UsageError(f"--limit: must be >= 1, got {limit}")
+    if changes:
+        _changes(limit if limit != 20 else 200, purpose or "nightly", bundle, min_effect / 100, plot_dir,
+                 as_json)
+        return
+    if plot_dir is not None:
+        raise UsageError("--plot: only with --changes")
     with _open() as store:
         runs = store.list_runs(limit=limit, purpose=purpose, bundle=bundle)
         where = store.where
@@ -95,6 +112,51 @@ def history(limit: int, purpose: str | None, bundle: str | None, as_json: bool) 
                    + (" matching the filters" if purpose or bundle else ""))
         return
     _console().print(_history_table(runs))
+
+
+def _changes(limit: int, purpose: str, bundle: str | None, min_effect: float, plot_dir: str | None,
+             as_json: bool) -> None:
+    from farm.results.changes import find_changes
+
+    with _open() as store:
+        series = store.point_series(purpose=purpose, bundle=bundle, limit=limit)
+    found = {s.label: find_changes(s, min_effect=min_effect) for s in series}
+    if plot_dir is not None:
+        _plot_trends(Path(plot_dir), series, found)
+    if as_json:
+        click.echo(json.dumps({"purpose": purpose, "points": [
+            {"point": s.label, "timing": s.timing, "runs": len(s.runs),
+             "changes": [c.to_json() for c in found[s.label]]} for s in series]}, indent=2))
+        return
+    if not series:
+        click.echo(f"no measurements in {purpose} runs" + (f" of bundle {bundle}" if bundle else ""))
+        return
+    table = Table(title=f"change points over the last {limit} {purpose} run(s)")
+    for col in ("point", "runs", "run", "before", "after", "change", "p"):
+        table.add_column(col)
+    for s in series:
+        for c in found[s.label] or [None]:
+            table.add_row(s.label, str(len(s.runs)), *(["-"] * 5 if c is None else [
+                c.run_id, _num(c.before), _num(c.after), f"{c.delta:+.1%}", f"{c.p_value:.1g}"]))
+    _console().print(table)
+
+
+def _plot_trends(out: Path, series, found) -> None:
+    import html
+
+    from farm.fileio import write_atomic
+    from farm.report.plots import trend
+
+    out.mkdir(parents=True, exist_ok=True)
+    parts = ["<!doctype html><meta charset=utf-8><title>throughput trends</title>",
+             "<h1>Throughput per point over history</h1>"]
+    for i, s in enumerate(series):
+        svg = trend(s, found[s.label])
+        if svg is None:
+            continue
+        write_atomic(out / f"trend-{i:03d}.svg", svg)
+        parts.append(f"<h2>{html.escape(s.label)}</h2>{svg}")
+    write_atomic(out / "index.html", "\n".join(parts))
 
 
 # -- baselines ----------------------------------------------------------------------------------------

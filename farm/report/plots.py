@@ -15,7 +15,7 @@ from collections import defaultdict
 from farm.results.gate import PointResult, PointVerdict
 from farm.vocab import Updater
 
-__all__ = ["baseline_vs_now", "tok_s_by_soc", "tok_s_vs_seq_len"]
+__all__ = ["baseline_vs_now", "tok_s_by_soc", "tok_s_vs_seq_len", "trend"]
 
 COLORS = {Updater.SMART_MASK: "#1f77b4", Updater.SHIFT_POINTER: "#ff7f0e"}
 VERDICT_COLORS = {PointVerdict.REGRESSED: "#c62828", PointVerdict.IMPROVED: "#2e7d32",
@@ -151,3 +151,28 @@ def baseline_vs_now(points: list[PointResult]) -> str | None:
     ax.set_title("Baseline (grey) vs now, every sample and the median", pad=14)
     ax.grid(axis="y", alpha=0.3)
     return _svg(fig, "plot-baseline")
+
+
+def trend(series, changes) -> str | None:
+    """One point's per-run medians over history (min-max as a band), each change point marked: the
+    level before and after it as dashed lines."""
+    if not series.runs:
+        return None
+    with _style():
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(6.4, 3.0))
+        xs = list(range(len(series.runs)))
+        ax.fill_between(xs, [min(r.samples) for r in series.runs], [max(r.samples) for r in series.runs],
+                        color="#1f77b4", alpha=0.15, linewidth=0)
+        ax.plot(xs, [r.median for r in series.runs], marker="o", markersize=3, color="#1f77b4")
+        for c in changes:
+            ax.axvline(c.index - 0.5, color=VERDICT_COLORS[PointVerdict.REGRESSED if c.delta < 0
+                                                         else PointVerdict.IMPROVED], linewidth=1.2)
+            ax.annotate(f"{c.delta:+.1%}", (c.index - 0.5, c.after), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+        ax.set_xlabel("run (oldest first)")
+        ax.set_ylabel(series.unit)
+        title = series.label + (" - SIMULATED figures" if series.timing == "simulated" else "")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        return _svg(fig, "trend-" + "".join(ch if ch.isalnum() else "-" for ch in series.label))

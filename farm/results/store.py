@@ -36,6 +36,7 @@ from typing import Any, Self
 from farm.db.base import Store, Txn
 from farm.db.connect import open_store
 from farm.errors import UsageError
+from farm.results.changes import PointSeries, RunPoint
 from farm.results.records import (
     RESULTS_SCHEMA_VERSION,
     Attempt,
@@ -344,6 +345,36 @@ class ResultsStore:
             skipped=counts[r["run_id"]].get("skipped", 0),
             devices=tuple(sorted(devices[r["run_id"]])), baselines=tuple(names[r["run_id"]]))
             for r in runs]
+
+    def point_series(self, *, purpose: str | None = "nightly", bundle: str | None = None,
+                     limit: int = 200) -> list[PointSeries]:
+        """Every point's samples over the latest ``limit`` runs (of a purpose, of a bundle), oldest
+        run first: the history farm.results.changes looks for change points in. A point whose figures
+        changed origin (measured, host-CPU, simulated) is one series per origin."""
+        runs = self.list_runs(limit=limit, purpose=purpose, bundle=bundle)
+        ids = [r.run_id for r in runs]
+        series: dict[tuple, PointSeries] = {}
+        with self.store.read() as txn:
+            started = {}
+            rows = []
+            for chunk in _chunks(ids, 500):
+                marks = ", ".join("?" * len(chunk))
+                started.update({r["run_id"]: float(r["started"]) for r in txn.all(
+                    f"SELECT run_id, started FROM runs WHERE run_id IN ({marks})", chunk)})
+                rows += txn.all(f"SELECT run_id, soc, metric, unit, mode, seq_len, updater, samples, timing "
+                                f"FROM measurements WHERE run_id IN ({marks})", chunk)
+        pooled: dict[tuple, dict[str, list[float]]] = {}
+        units: dict[tuple, str] = {}
+        for m in rows:
+            key = (m["soc"] or "?", m["metric"], m["mode"], int(m["seq_len"]), m["updater"], m["timing"] or "")
+            pooled.setdefault(key, {}).setdefault(m["run_id"], []).extend(json.loads(m["samples"]))
+            units[key] = m["unit"]
+        for key, by_run in sorted(pooled.items()):
+            soc, metric, mode, seq_len, updater, timing = key
+            points = sorted((RunPoint(run_id, started[run_id], tuple(v), timing)
+                             for run_id, v in by_run.items() if v), key=lambda p: (p.started, p.run_id))
+            series[key] = PointSeries(soc, metric, mode, seq_len, updater, units[key], timing, points)
+        return list(series.values())
 
     def baselines(self) -> list[Baseline]:
         """Every named baseline, the newest first."""
