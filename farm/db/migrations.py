@@ -179,8 +179,10 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     # pool file deleted or replaced, or a schema dropped and created again, under its holders is a
     # pool error for them, never a fresh empty pool that leases their devices to someone else.
     (5, ["ALTER TABLE pool_meta ADD COLUMN pool_id TEXT"]),
-    # Where a measurement's figures come from (farm.vocab.Timing); '' for runs stored before.
-    (6, ["ALTER TABLE measurements ADD COLUMN timing TEXT NOT NULL DEFAULT ''"]),
+    # Where a measurement's figures come from (farm.vocab.Timing) and the conditions of each of its
+    # runs (JSON list); '' and '[]' for runs stored before.
+    (6, ["ALTER TABLE measurements ADD COLUMN timing TEXT NOT NULL DEFAULT ''",
+         "ALTER TABLE measurements ADD COLUMN conditions TEXT NOT NULL DEFAULT '[]'"]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -64,6 +64,9 @@ class Measurement:
     seq_len: int = 0
     threshold: float | None = None  # the minimum the median must reach, when a rule gives one
     timing: str = ""  # farm.vocab.Timing of the device's figures; "" when no device told it
+    # One per value (farm.device.conditions, before and after its run, and whether it was re-taken);
+    # empty where the measuring code kept none.
+    conditions: list[dict] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str, int, str]:

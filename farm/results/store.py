@@ -193,7 +193,8 @@ class ResultsStore:
                                  m.updater, m.mode, int(m.seq_len),
                                  None if m.threshold is None else float(m.threshold),
                                  _json([float(v) for v in m.values], f"{where}: measurement {m.metric}"),
-                                 str(m.timing or "")))
+                                 str(m.timing or ""),
+                                 _json(list(m.conditions), f"{where}: measurement {m.metric} conditions")))
         with self.store.write() as txn:
             # The run row is upserted, not deleted: a baseline's foreign key may point at it.
             txn.run(
@@ -223,8 +224,8 @@ class ResultsStore:
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
             for row in measured:
                 txn.run("INSERT INTO measurements (run_id, result_seq, seq, nodeid, soc, serial, "
-                        "metric, unit, updater, mode, seq_len, threshold, samples, timing) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                        "metric, unit, updater, mode, seq_len, threshold, samples, timing, conditions) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
     def set_baseline(self, name: str, run_id: str, created_by: str = "") -> str | None:
         """Name ``run_id`` as baseline ``name`` (moving the name if it named another run); returns
@@ -281,7 +282,8 @@ class ResultsStore:
             measured.setdefault(int(m["result_seq"]), []).append(Measurement(
                 metric=m["metric"], unit=m["unit"], values=json.loads(m["samples"]),
                 updater=m["updater"], mode=m["mode"], seq_len=int(m["seq_len"]),
-                threshold=m["threshold"], timing=m["timing"] or ""))
+                threshold=m["threshold"], timing=m["timing"] or "",
+                conditions=json.loads(m["conditions"] or "[]")))
         records = []
         for r in txn.all("SELECT * FROM test_results WHERE run_id = ? ORDER BY seq", (run_id,)):
             records.append(TestRecord(

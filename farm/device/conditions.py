@@ -1,0 +1,64 @@
+"""The conditions of a measurement on a device: what the phone was doing while a figure was taken.
+
+One shell call reads them all (what a phone has, as a virtual device imitates it): ``dumpsys battery``
+(level, temperature, charging), the thermal status of ``dumpsys thermalservice`` (Android's 0 NONE ..
+6 SHUTDOWN), the deep idle state of ``dumpsys deviceidle`` and the CPU frequency governors of the
+cpufreq policies. A reading a device does not give is None, never a guess.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from farm.device.probe import parse_battery
+
+THROTTLING_STATUS = 2   # THROTTLING_MODERATE: the platform has started to slow the SoC
+CHARGING = "2"          # BatteryManager.BATTERY_STATUS_CHARGING
+_STATUS = re.compile(r"^\s*Thermal Status: (\d+)", re.M)
+_BATTERY_STATUS = re.compile(r"^\s*status: (\d+)", re.M)
+
+COMMAND = ("dumpsys battery; echo @@thermal; dumpsys thermalservice; echo @@idle; "
+           "dumpsys deviceidle get deep; echo @@governor; "
+           "cat /sys/devices/system/cpu/cpufreq/policy*/scaling_governor 2>/dev/null")
+
+
+@dataclass(frozen=True)
+class Conditions:
+    battery_level: int | None = None
+    battery_temp_c: float | None = None
+    charging: bool | None = None
+    thermal_status: int | None = None
+    idle: str | None = None          # deviceidle's deep state: IDLE while forced idle, ACTIVE otherwise
+    governors: str | None = None     # the cpufreq policies' governors, e.g. "schedutil" or "performance,schedutil"
+
+    @property
+    def throttling(self) -> bool:
+        return self.thermal_status is not None and self.thermal_status >= THROTTLING_STATUS
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def parse_conditions(text: str) -> Conditions:
+    sections = {"battery": ""}
+    name = "battery"
+    for line in text.splitlines(keepends=True):
+        if line.startswith("@@"):
+            name = line[2:].strip()
+            sections[name] = ""
+        else:
+            sections[name] = sections.get(name, "") + line
+    level, temp = parse_battery(sections["battery"])
+    status = _BATTERY_STATUS.search(sections["battery"])
+    thermal = _STATUS.search(sections.get("thermal", ""))
+    idle = sections.get("idle", "").strip().splitlines()
+    governors = sorted({g.strip() for g in sections.get("governor", "").split() if g.strip()})
+    return Conditions(level, temp, None if status is None else status.group(1) == CHARGING,
+                      None if thermal is None else int(thermal.group(1)),
+                      idle[0].strip() if idle and idle[0].strip().isalpha() else None,
+                      ",".join(governors) or None)
+
+
+def read_conditions(device, timeout: float = 30.0) -> Conditions:
+    return parse_conditions(device.shell(COMMAND, timeout=timeout).out)
