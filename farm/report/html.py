@@ -81,10 +81,30 @@ def _details(summary: str, body: str) -> str:
     return f"<details><summary>{e(summary)}</summary><pre>{e(body)}</pre></details>" if body else ""
 
 
+def condition_text(c: dict) -> str:
+    """One sample's conditions in a line: what the phone was doing while it ran."""
+    before, after = c.get("before") or {}, c.get("after") or {}
+
+    def temp(d: dict) -> str:
+        return "?" if d.get("battery_temp_c") is None else f"{d['battery_temp_c']:.1f}"
+
+    parts = [f"{temp(before)} -> {temp(after)}",
+             f"status {after.get('thermal_status', '?')}", f"idle {after.get('idle') or '?'}",
+             f"battery {after.get('battery_level', '?')} %" + (" charging" if after.get("charging") else ""),
+             after.get("governors") or "governor ?"]
+    return ", ".join(parts) + (" THROTTLED" if c.get("throttled") else "")
+
+
 def _samples(p: PointResult) -> str:
     now = " ".join(f"{v:.2f}" for v in p.now)
     base = "none" if p.base is None else " ".join(f"{v:.2f}" for v in p.base)
-    return f"now ({len(p.now)}): {now}\nbaseline ({0 if p.base is None else len(p.base)}): {base}"
+    text = f"now ({len(p.now)}): {now}\nbaseline ({0 if p.base is None else len(p.base)}): {base}"
+    kept = [(v, c) for v, c in zip(p.now, p.conditions) if c]
+    if kept:
+        text += "\nconditions (battery C before -> after, thermal status, idle, governors):"
+        for v, c in kept:
+            text += f"\n  {v:.2f}: {condition_text(c)}"
+    return text
 
 
 def _throughput(q: QualificationReport) -> str:

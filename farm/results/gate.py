@@ -99,6 +99,7 @@ class Samples:
     values: list[float] = field(default_factory=list)
     threshold: float | None = None
     serials: set[str] = field(default_factory=set)
+    conditions: list[dict] = field(default_factory=list)  # one per value ({} where none was kept)
 
 
 @dataclass
@@ -112,6 +113,7 @@ class PointResult:
     p_value: float | None = None
     threshold: float | None = None
     serials: list[str] = field(default_factory=list)
+    conditions: list[dict] = field(default_factory=list)  # this run's, one per value of ``now``
 
     @property
     def now_median(self) -> float:
@@ -225,6 +227,7 @@ def points_of(run: QualificationResults) -> dict[PointKey, Samples]:
             if samples.unit != m.unit:
                 raise UsageError(f"run {run_id}: {key} measured in {samples.unit!r} and {m.unit!r}")
             samples.values.extend(float(v) for v in m.values)
+            samples.conditions.extend(m.conditions if len(m.conditions) == len(m.values) else [{}] * len(m.values))
             if m.threshold is not None:
                 samples.threshold = m.threshold
             if record.serial:
@@ -307,7 +310,7 @@ def evaluate(run: QualificationResults, baseline: QualificationResults | None, c
         base_values = base.values if base is not None else None
         verdict, p, reason = compare_samples(samples.values, base_values or [], config, unit=samples.unit)
         results.append(PointResult(key, samples.unit, samples.values, base_values, verdict, reason, p,
-                                   samples.threshold, sorted(samples.serials)))
+                                   samples.threshold, sorted(samples.serials), samples.conditions))
     baseline_id = None if baseline is None else str(baseline.meta.get("run_id") or "baseline")
     return GateResult(config, results, baseline_id, notes)
 
