@@ -317,10 +317,12 @@ def test_host_decodes_each_piece_after_its_predecessor(tiny_runner, monkeypatch)
 def test_host_times_only_the_decode_loops_sampling(tiny_runner, monkeypatch):
     """[observer]: aggregate_sampling_time_ms times the decode loop's samples (TOK:295-298), not the
     prefill's (PP:341-343): with a clock that ticks once per reading, one ms per timed sample."""
-    from farm.runner import engine
+    from farm.runner.timing import WallClock
 
     ticks = iter(range(10**9))
-    monkeypatch.setattr(engine, "now_ms", lambda: next(ticks))
+    clock = WallClock()
+    clock.now_ms = lambda: next(ticks)  # the stats' clock (a simulated phone's, or the host's)
+    monkeypatch.setattr(tiny_runner, "clock", clock)
     before = tiny_runner.stats.aggregate_sampling_time_ms
     gen = tiny_runner.complete("Hello", 48)
     assert gen.stats.aggregate_sampling_time_ms - before == gen.stats.generated_tokens
