@@ -15,10 +15,8 @@ given on the blocks measured so far. A runner that fails is the variant's failur
 
 from __future__ import annotations
 
-import logging
 import math
 import random
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -27,8 +25,8 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
 from farm.bundle.manifest import Bundle
+from farm.device.conditions import read_conditions
 from farm.device.discovery import find_device
-from farm.device.probe import parse_battery
 from farm.errors import UsageError
 from farm.execute.deploy import deploy
 from farm.execute.run import run
@@ -38,11 +36,6 @@ from farm.pool.hold import hold
 from farm.results.ab import ABConfig, ABResult, ABVerdict, Block, compare, looks
 from farm.session import Farm
 from farm.vocab import Timing
-
-log = logging.getLogger(__name__)
-
-THROTTLING_STATUS = 2  # Android's THROTTLING_MODERATE: the platform has started to slow the SoC
-_STATUS = re.compile(r"^Thermal Status: (\d+)", re.M)
 
 
 @dataclass(frozen=True)
@@ -93,23 +86,17 @@ class ABRun:
                 "samples": [asdict(s) for s in self.samples]}
 
 
-def _conditions(device) -> tuple[int | None, float | None, int | None]:
-    level, temp = parse_battery(device.shell("dumpsys battery", timeout=30).out)
-    found = _STATUS.search(device.shell("dumpsys thermalservice", timeout=30).out)
-    return level, temp, int(found.group(1)) if found else None
-
-
 def _measure(device, variant: Variant, block: int, timeout: float) -> tuple[Sample, float]:
-    level, before, _ = _conditions(device)
+    before = read_conditions(device)
     started = time.monotonic()
     result = run(device, variant.bundle, variant.request, timeout=timeout)
     spent = time.monotonic() - started
     if result.tokens_per_s is None or not (math.isfinite(result.tokens_per_s) and result.tokens_per_s > 0):
         raise UsageError(f"{device.serial}: variant {variant.label} wrote no usable inference_speed.txt "
                          f"({result.tokens_per_s!r})")
-    _, after, status = _conditions(device)
-    return Sample(device.serial, variant.label, block, float(result.tokens_per_s), level, before, after,
-                  status, status is not None and status >= THROTTLING_STATUS), spent
+    after = read_conditions(device)
+    return Sample(device.serial, variant.label, block, float(result.tokens_per_s), before.battery_level,
+                  before.battery_temp_c, after.battery_temp_c, after.thermal_status, after.throttling), spent
 
 
 def run_ab(farm: Farm, a: Variant, b: Variant, *, soc: str, devices: int, config: ABConfig,

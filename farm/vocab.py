@@ -70,6 +70,12 @@ class Timing(StrEnum):
     HOST_CPU = "host-cpu"
     SIMULATED = "simulated"
 
+    @property
+    def figures(self) -> str:
+        """Where such figures come from, as reports and the CLI say it."""
+        return {"measured": "measured (phone)", "host-cpu": "host CPU (virtual device)",
+                "simulated": "SIMULATED (phone model, not measured)"}[self.value]
+
     @classmethod
     def of(cls, props: dict[str, str], virtual: bool | None) -> Timing:
         """A device's, from its properties: a virtual device announces a simulated phone's timing

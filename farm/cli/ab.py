@@ -10,7 +10,7 @@ import click
 
 from farm.cli.options import config_option, farm_config, json_option
 from farm.exitcodes import ExitCode
-from farm.vocab import Updater
+from farm.vocab import Timing, Updater
 
 UPDATER_NAMES = [u.value for u in Updater]
 
@@ -94,10 +94,8 @@ def ab(manifest_a, manifest_b, soc, n_devices, virtual_socs, mode, seq_len, prom
     if as_json:
         click.echo(json.dumps(outcome.to_json(), indent=1))
     else:
-        figures = {"simulated": "SIMULATED figures (a phone model, not measured)",
-                   "host-cpu": "host-CPU figures (virtual devices)"}.get(outcome.timing, "measured")
         click.echo(f"{a.describe()}\n{b.describe()}\n{soc} x{len(outcome.serials)} "
-                   f"({', '.join(outcome.serials)}), {figures}")
+                   f"({', '.join(outcome.serials)}), figures: {Timing(outcome.timing).figures}")
         if r.ratio is not None:
             click.echo(f"B / A = {r.ratio:.4f}, {1 - r.level:.2%} interval [{r.low:.4f}, {r.high:.4f}]"
                        f" over {r.blocks} block(s); per device: "

@@ -76,7 +76,8 @@ def _history_table(runs: list[QualificationSummary]) -> Table:
 
 
 @click.command("history")
-@click.option("--limit", type=int, default=20, show_default=True, help="Runs to list.")
+@click.option("--limit", type=int, default=None,
+              help="Runs to list [default: 20; with --changes, the last 200 runs].")
 @click.option("--purpose", type=click.Choice(PURPOSES), default=None, help="Only runs of this purpose.")
 @click.option("--bundle", default=None, metavar="NAME", help="Only runs of this bundle name.")
 @click.option("--changes", is_flag=True,
@@ -88,17 +89,17 @@ def _history_table(runs: list[QualificationSummary]) -> Table:
               help="With --changes: write a trend plot per point (SVG) and an index.html here.")
 @json_option
 @_store_options
-def history(limit: int, purpose: str | None, bundle: str | None, changes: bool, min_effect: float,
+def history(limit: int | None, purpose: str | None, bundle: str | None, changes: bool, min_effect: float,
             plot_dir: str | None, as_json: bool) -> None:
     """The runs in the results store, the latest first: verdict, tests, devices, bundle, git.
 
     With --changes: the change points of every point's throughput over the history instead."""
-    if limit < 1:
+    if limit is not None and limit < 1:
         raise UsageError(f"--limit: must be >= 1, got {limit}")
     if changes:
-        _changes(limit if limit != 20 else 200, purpose or "nightly", bundle, min_effect / 100, plot_dir,
-                 as_json)
+        _changes(limit or 200, purpose or "nightly", bundle, min_effect / 100, plot_dir, as_json)
         return
+    limit = limit or 20
     if plot_dir is not None:
         raise UsageError("--plot: only with --changes")
     with _open() as store:

@@ -66,12 +66,7 @@ class DeviceRow:
     def figures(self) -> str:
         """Where this device's figures come from, as the reports say it."""
         timing = self.timing or {True: Timing.HOST_CPU, False: Timing.MEASURED}.get(self.virtual, "")
-        return FIGURES.get(timing, "?")
-
-
-# A figure's origin in the reports' words: only a phone's are measurements.
-FIGURES = {"measured": "measured (phone)", "host-cpu": "host CPU (virtual device)",
-           "simulated": "SIMULATED (phone model, not measured)"}
+        return Timing(timing).figures if timing in set(Timing) else "?"
 
 
 @dataclass

@@ -119,12 +119,16 @@ class ABResult:
                 "reason": self.reason}
 
 
-def walsh_interval(r: np.ndarray, alpha: float) -> tuple[float, float, float] | None:
-    """Hodges-Lehmann estimate and the (1 - alpha) signed-rank interval of the centre of ``r``; None
-    when so few values could never give an interval at that level."""
-    n = len(r)
-    walsh = ((r[:, None] + r[None, :]) / 2)[np.triu_indices(n)]
+def walsh_averages(r: np.ndarray) -> np.ndarray:
+    """The Walsh averages (r_i + r_j) / 2, i <= j, sorted."""
+    walsh = ((r[:, None] + r[None, :]) / 2)[np.triu_indices(len(r))]
     walsh.sort()
+    return walsh
+
+
+def _interval(walsh: np.ndarray, n: int, alpha: float) -> tuple[float, float, float] | None:
+    """Hodges-Lehmann estimate and (1 - alpha) signed-rank interval from the sorted Walsh averages of
+    ``n`` values; None when so few values could never give an interval at that level."""
     m = len(walsh)
     # The signed-rank statistic's lower critical value: exact below 50 values, normal beyond.
     if n < 50:
@@ -135,6 +139,12 @@ def walsh_interval(r: np.ndarray, alpha: float) -> tuple[float, float, float] | 
     if k < 1:
         return None
     return float(np.median(walsh)), float(walsh[k - 1]), float(walsh[m - k])
+
+
+def walsh_interval(r: np.ndarray, alpha: float) -> tuple[float, float, float] | None:
+    """Hodges-Lehmann estimate and the (1 - alpha) signed-rank interval of the centre of ``r``; None
+    when so few values could never give an interval at that level."""
+    return _interval(walsh_averages(r), len(r), alpha)
 
 
 _EXACT: dict[tuple[int, float], int] = {}
@@ -165,7 +175,8 @@ def compare(blocks: list[Block], config: ABConfig, *, level: float | None = None
         per_device.setdefault(b.serial, []).append(b.log_ratio)
     own = {s: math.exp(float(np.median(v))) for s, v in sorted(per_device.items())}
     r = np.array([b.log_ratio for b in blocks], dtype=float)
-    found = walsh_interval(r, level) if len(r) else None
+    walsh = walsh_averages(r)  # once: both intervals below are order statistics of it
+    found = _interval(walsh, len(r), level) if len(r) else None
     if found is None:
         return ABResult(ABVerdict.UNDECIDED, None, None, None, level, len(blocks), own,
                         f"{len(blocks)} block(s) cannot give an interval at {1 - level:.3%}")
@@ -173,7 +184,7 @@ def compare(blocks: list[Block], config: ABConfig, *, level: float | None = None
     d = config.min_effect
     # Equivalence as TOST decides it: two one-sided tests at the level, i.e. the 1 - 2 * level
     # interval within +-d (calling "same" wrongly needs a difference of d or more, on one side).
-    tost = walsh_interval(r, min(2 * level, 0.5))
+    tost = _interval(walsh, len(r), min(2 * level, 0.5))
     eq_lo, eq_hi = (math.exp(tost[1]), math.exp(tost[2])) if tost is not None else (lo, hi)
     if 1 - d < eq_lo and eq_hi < 1 + d:
         verdict, why = ABVerdict.SAME, f"the {1 - 2 * level:.1%} interval lies within +-{d:.1%} (TOST)"

@@ -355,14 +355,12 @@ class ResultsStore:
         changed origin (measured, host-CPU, simulated) is one series per origin."""
         runs = self.list_runs(limit=limit, purpose=purpose, bundle=bundle)
         ids = [r.run_id for r in runs]
+        started = {r.run_id: _epoch(r.started_at, r.run_id) for r in runs}  # as save_run stored it
         series: dict[tuple, PointSeries] = {}
+        rows = []
         with self.store.read() as txn:
-            started = {}
-            rows = []
             for chunk in _chunks(ids, 500):
                 marks = ", ".join("?" * len(chunk))
-                started.update({r["run_id"]: float(r["started"]) for r in txn.all(
-                    f"SELECT run_id, started FROM runs WHERE run_id IN ({marks})", chunk)})
                 rows += txn.all(f"SELECT run_id, soc, metric, unit, mode, seq_len, updater, samples, timing "
                                 f"FROM measurements WHERE run_id IN ({marks})", chunk)
         pooled: dict[tuple, dict[str, list[float]]] = {}

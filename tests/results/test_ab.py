@@ -101,12 +101,7 @@ def test_a_run_without_a_figure_is_refused():
 def test_a_broken_estimator_is_caught(monkeypatch):
     """The deliberately broken variant: Walsh sums instead of averages (the estimate's log doubled),
     the bug this module once had. The estimate test above must fail on it."""
-    real = ab.walsh_interval
-
-    def sums(r, alpha):
-        found = real(r, alpha)
-        return None if found is None else tuple(2 * x for x in found)
-
-    monkeypatch.setattr(ab, "walsh_interval", sums)
+    real = ab.walsh_averages
+    monkeypatch.setattr(ab, "walsh_averages", lambda r: 2 * real(r))
     broken = compare([Block("d", 40.0, 38.0)] * 12, ABConfig(), level=0.5)
     assert broken.ratio != pytest.approx(0.95)
