@@ -6,27 +6,30 @@
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 bad_usage() { echo "$me: $*" >&2; echo "usage: $me [--virtual] [--out DIR] [--bundle MANIFEST]" \
-  "[--baseline NAME] [--min-effect PCT] [--inconclusive pass|fail] [--config FILE] [SOC...]" \
+  "[--baseline NAME] [--baseline-bundle MANIFEST] [--min-effect PCT] [--inconclusive pass|fail] [--config FILE] [SOC...]" \
   "[-- PYTEST_ARGS]  ($me --help)" >&2; exit 2; }
 
-# Sets virtual, out, bundle, baseline, socs, passthrough (options farm qualify takes as they are) and
+# Sets virtual, out, bundle, baseline, baseline_bundle, socs, passthrough (options farm qualify takes as they are) and
 # pytest_args (everything after --).
 parse_options() {
   virtual=0 out="" bundle=${PTEFARM_BUNDLE:-} baseline=${PTEFARM_BASELINE:-}
+  baseline_bundle=${PTEFARM_BASELINE_BUNDLE:-}
   socs=() passthrough=() pytest_args=()
   while [ "$#" -gt 0 ]; do
     case "$1" in
       -h|--help) usage; exit 0 ;;
       --virtual) virtual=1 ;;
-      --out|--bundle|--baseline|--config|--min-effect|--inconclusive)
+      --out|--bundle|--baseline|--baseline-bundle|--config|--min-effect|--inconclusive)
         if [ "$#" -lt 2 ] || [ -z "$2" ]; then bad_usage "$1 needs a value"; fi
         case "$1" in
-          --out) out=$2 ;; --bundle) bundle=$2 ;; --baseline) baseline=$2 ;; *) passthrough+=("$1" "$2") ;;
+          --out) out=$2 ;; --bundle) bundle=$2 ;; --baseline) baseline=$2 ;;
+          --baseline-bundle) baseline_bundle=$2 ;; *) passthrough+=("$1" "$2") ;;
         esac
         shift ;;
       --out=*) out=${1#*=} ;;
       --bundle=*) bundle=${1#*=} ;;
       --baseline=*) baseline=${1#*=} ;;
+      --baseline-bundle=*) baseline_bundle=${1#*=} ;;
       --config=*|--min-effect=*|--inconclusive=*) passthrough+=("$1") ;;
       --) shift; pytest_args=("$@"); break ;;
       -*) bad_usage "unknown option $1" ;;

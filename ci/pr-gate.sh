@@ -2,8 +2,9 @@
 # The pull-request gate: the `gate` subset of the farm's suites on the SoCs a pull request must pass,
 # leased from the farm's configured pool (farm.toml / $PTEFARM_CONFIG), `farm qualify --purpose pr`.
 #
-#   ci/pr-gate.sh [--virtual] [--out DIR] [--bundle MANIFEST] [--baseline NAME] [--min-effect PCT]
-#                 [--inconclusive pass|fail] [--config FILE] [SOC...] [-- PYTEST_ARGS]
+#   ci/pr-gate.sh [--virtual] [--out DIR] [--bundle MANIFEST] [--baseline NAME]
+#                 [--baseline-bundle MANIFEST] [--min-effect PCT] [--inconclusive pass|fail]
+#                 [--config FILE] [SOC...] [-- PYTEST_ARGS]
 #
 # SoCs: the arguments, else $PTEFARM_GATE_SOCS ("SM8650,SM8750"), else ci/gate.toml's [gate] socs
 # ($PTEFARM_GATE_CONFIG names another file). --virtual is a dry run: one fresh virtual device per SoC
@@ -12,7 +13,11 @@
 # results.json, report.md, report.html. Then ci/annotations.py prints failures as GitHub annotations
 # (infrastructure errors as warnings titled so) and appends report.md to $GITHUB_STEP_SUMMARY if set.
 # The last line is the HTML report's path. Environment: PTEFARM_BUNDLE (a manifest, default the reference
-# bundle farm exports), PTEFARM_BASELINE (a named baseline to gate throughput against; default none).
+# bundle farm exports), PTEFARM_BASELINE (a named baseline to gate throughput against; default none),
+# PTEFARM_BASELINE_BUNDLE (= --baseline-bundle: the main branch's bundle manifest; the gate then A/Bs
+# the pull request's bundle against it on each leased phone, in interleaved blocks until the interval
+# decides, and test_against_baseline_bundle fails when the pull request's bundle is slower: the
+# comparison a stored baseline from another day and maybe another phone cannot make).
 # --config, --min-effect and --inconclusive go to farm qualify as they are.
 #
 # Exit code (farm/exitcodes.py): 0 qualified, 1 test failures, 2 bad usage, 3 infrastructure only,
@@ -64,8 +69,9 @@ for soc in "${socs[@]}"; do
 done
 [ -z "$bundle" ] || args+=(--bundle "$bundle")
 [ -z "$baseline" ] || args+=(--baseline "$baseline")
+[ -z "$baseline_bundle" ] || args+=(--ab-baseline "$baseline_bundle")
 args+=(${passthrough[@]+"${passthrough[@]}"})
 args+=(-- -m "$marker" ${pytest_args[@]+"${pytest_args[@]}"})
 echo "$me: gate on ${socs[*]}$([ "$virtual" = 1 ] && echo ' (virtual devices)'), config" \
-  "${PTEFARM_CONFIG:-./farm.toml if present}" >&2
+  "${PTEFARM_CONFIG:-./farm.toml if present}, A/B against ${baseline_bundle:-no baseline bundle}" >&2
 run_farm "${args[@]}"

@@ -7,7 +7,9 @@ whole comparison; both bundles are deployed side by side (each has its own works
 cached), then every round runs ``look_every`` blocks on every device at once, one thread per device.
 A block is one run of each variant in a random order (a coin per block, from ``seed``). Each run keeps
 its conditions: the battery level and temperature before and after, the thermal status after, and
-whether the device was throttling (thermal status 2, MODERATE, or above, when it answered).
+whether the device was throttling before or after it (thermal status 2, MODERATE, or above, when it
+answered). A device measures in forced deep idle. ``sample_blocks`` is the sampling on devices already
+held and deployed: the suites' A/B tests use it on their leased device.
 
 A failure of the infrastructure (a device gone, adb, a lease lost) is raised as such: no verdict is
 given on the blocks measured so far. A runner that fails is the variant's failure (``RunnerFailed``).
@@ -25,7 +27,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
 from farm.bundle.manifest import Bundle
-from farm.device.conditions import read_conditions
+from farm.device.conditions import forced_idle, read_conditions
 from farm.device.discovery import find_device
 from farm.errors import UsageError
 from farm.execute.deploy import deploy
@@ -63,6 +65,7 @@ class Sample:
     temp_after_c: float | None = None
     thermal_status: int | None = None
     throttled: bool = False
+    conditions: dict = field(default_factory=dict)  # before/after readings in full, as the results keep them
 
 
 @dataclass
@@ -95,8 +98,83 @@ def _measure(device, variant: Variant, block: int, timeout: float) -> tuple[Samp
         raise UsageError(f"{device.serial}: variant {variant.label} wrote no usable inference_speed.txt "
                          f"({result.tokens_per_s!r})")
     after = read_conditions(device)
+    throttled = before.throttling or after.throttling
     return Sample(device.serial, variant.label, block, float(result.tokens_per_s), before.battery_level,
-                  before.battery_temp_c, after.battery_temp_c, after.thermal_status, after.throttling), spent
+                  before.battery_temp_c, after.battery_temp_c, after.thermal_status, throttled,
+                  {"before": before.to_json(), "after": after.to_json(), "throttled": throttled}), spent
+
+
+@dataclass
+class Sampling:
+    """What ``sample_blocks`` measured: the verdict at its last look and everything it stands on."""
+
+    result: ABResult
+    blocks: list[Block]
+    samples: list[Sample]          # the measured runs (warm-ups not included)
+    device_s: float                # wall seconds of runs, summed over devices (warm-ups included)
+    stopped: str                   # why sampling stopped
+
+
+def _decided(result: ABResult) -> bool:
+    return result.verdict != ABVerdict.UNDECIDED
+
+
+def sample_blocks(devices: list, a: Variant, b: Variant, config: ABConfig, *, budget_s: float | None = None,
+                  seed: int | None = None, run_timeout_s: float = 600.0, warmup: int = 0,
+                  decided: Callable[[ABResult], bool] = _decided,
+                  on_look: Callable[[ABResult, int], None] | None = None) -> Sampling:
+    """Blocks of both variants on ``devices`` (handles on which both are deployed), all devices at
+    once, until ``decided`` says the result at a look decides, the design's last look, or
+    ``budget_s`` device-seconds. ``warmup`` blocks run first on every device and are dropped. Each
+    device is held in forced deep idle while it measures."""
+    rng = random.Random(seed)
+    coins = {d.serial: random.Random(rng.random()) for d in devices}
+    blocks: list[Block] = []
+    samples: list[Sample] = []
+    spent = {d.serial: 0.0 for d in devices}
+    lock = threading.Lock()
+
+    def blocks_on(device, first: int, count: int, keep: bool = True) -> None:
+        with forced_idle(device):
+            for i in range(first, first + count):
+                a_first = coins[device.serial].random() < 0.5
+                got = {}
+                for v in (a, b) if a_first else (b, a):
+                    one, seconds = _measure(device, v, i, run_timeout_s)
+                    got[v.label] = one
+                    with lock:
+                        spent[device.serial] += seconds
+                        if keep:
+                            samples.append(one)
+                if keep:
+                    with lock:
+                        blocks.append(Block(device.serial, got[a.label].tok_s, got[b.label].tok_s, a_first))
+
+    done, result, stopped = 0, None, ""
+    with ThreadPoolExecutor(max_workers=len(devices), thread_name_prefix="ab") as pool:
+        def each(first: int, count: int, keep: bool = True) -> None:
+            futures = [pool.submit(blocks_on, d, first, count, keep) for d in devices]
+            for f in futures:
+                f.result()  # an infrastructure error or a failed runner ends the comparison
+
+        if warmup:
+            each(-warmup, warmup, keep=False)
+        for at in looks(config):
+            each(done, at - done)
+            done = at
+            result = compare(blocks, config)
+            if on_look is not None:
+                on_look(result, done)
+            if decided(result):
+                stopped = f"decided after {done} block(s) per device"
+                break
+            if budget_s is not None and sum(spent.values()) >= budget_s:
+                stopped = f"budget of {budget_s:g} device-seconds spent after {done} block(s) per device"
+                break
+        else:
+            stopped = f"{config.max_blocks} block(s) per device, the most the design allows"
+    assert result is not None  # looks() has at least one look
+    return Sampling(result, blocks, samples, sum(spent.values()), stopped)
 
 
 def run_ab(farm: Farm, a: Variant, b: Variant, *, soc: str, devices: int, config: ABConfig,
@@ -108,7 +186,6 @@ def run_ab(farm: Farm, a: Variant, b: Variant, *, soc: str, devices: int, config
         raise UsageError(f"--devices must be at least 1, got {devices}")
     for v in (a, b):
         v.request.check()
-    rng = random.Random(seed)
     holder = Holder.current(purpose=f"farm ab {a.bundle.name} vs {b.bundle.name}")
     with ExitStack() as stack:
         handles = []
@@ -124,46 +201,8 @@ def run_ab(farm: Farm, a: Variant, b: Variant, *, soc: str, devices: int, config
         for device in handles:
             for bundle in {id(v.bundle): v.bundle for v in (a, b)}.values():
                 deploy(device, bundle, timeout=min(run_timeout_s, 120.0))
-        blocks: list[Block] = []
-        samples: list[Sample] = []
-        spent = {d.serial: 0.0 for d in handles}
-        lock = threading.Lock()
-        coins = {d.serial: random.Random(rng.random()) for d in handles}
-
-        def blocks_on(device, first: int, count: int) -> None:
-            for i in range(first, first + count):
-                a_first = coins[device.serial].random() < 0.5
-                order = (a, b) if a_first else (b, a)
-                got = {}
-                for v in order:
-                    sample, seconds = _measure(device, v, i, run_timeout_s)
-                    got[v.label] = sample
-                    with lock:
-                        samples.append(sample)
-                        spent[device.serial] += seconds
-                with lock:
-                    blocks.append(Block(device.serial, got[a.label].tok_s, got[b.label].tok_s, a_first))
-
-        done, result, stopped = 0, None, ""
-        with ThreadPoolExecutor(max_workers=len(handles), thread_name_prefix="ab") as pool:
-            for at in looks(config):
-                futures = [pool.submit(blocks_on, d, done, at - done) for d in handles]
-                for f in futures:
-                    f.result()  # an infrastructure error or a failed runner ends the comparison
-                done = at
-                result = compare(blocks, config)
-                if on_look is not None:
-                    on_look(result, done)
-                if result.verdict != ABVerdict.UNDECIDED:
-                    stopped = f"decided after {done} block(s) per device"
-                    break
-                if budget_s is not None and sum(spent.values()) >= budget_s:
-                    stopped = f"budget of {budget_s:g} device-seconds spent after {done} block(s) per device"
-                    break
-            else:
-                stopped = f"{config.max_blocks} block(s) per device, the most the design allows"
+        got = sample_blocks(handles, a, b, config, budget_s=budget_s, seed=seed, run_timeout_s=run_timeout_s,
+                            on_look=on_look)
         least = min(timings, key=[Timing.SIMULATED, Timing.HOST_CPU, Timing.MEASURED].index)
-        return ABRun(a, b, soc, [d.serial for d in handles], str(least), config, result, samples,
-                     sum(spent.values()), stopped)
-
-
+        return ABRun(a, b, soc, [d.serial for d in handles], str(least), config, got.result, got.samples,
+                     got.device_s, got.stopped)

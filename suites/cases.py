@@ -40,6 +40,20 @@ name>.toml`` or ``--farm-thresholds``)::
     faster = "SmartMask"
     slower = "ShiftPointer"
     max_slowdown_pct = 10.0
+    [ab]                           # the design of the A/B tests (relative rules, --farm-ab-baseline)
+    min_blocks = 6                 # blocks (one run of each variant, in a random order) before a look
+    max_blocks = 30                # the most blocks, then the verdict stands as it is
+    look_every = 3
+    alpha = 0.05                   # over all looks
+    min_effect_pct = 2.0           # --farm-ab-baseline: a smaller difference is "same"
+    [[baseline_ab]]                # --farm-ab-baseline's points [default: the default mode at
+    mode = "hybrid"                #  seq_len 128 (capped at the context), SmartMask]
+    seq_len = 128
+    updater = "SmartMask"
+
+A relative rule and an A/B against the baseline bundle are measured in interleaved blocks on the
+same device, until the interval of the ratio decides (farm/results/ab.py). ``warmup`` blocks run
+first and are dropped.
 """
 
 from __future__ import annotations
@@ -61,6 +75,7 @@ from farm.bundle.tokens import (
 from farm.config import read_toml
 from farm.errors import UsageError
 from farm.execute.runprofile import UPDATERS
+from farm.results.ab import ABConfig
 
 _TOKENS_RE = re.compile(r"^(chunk|max)\s*([+-]\s*\d+)?$")
 def _field(entry: dict, key: str, types: type | tuple[type, ...], where: str, default: Any = ...) -> Any:
@@ -265,6 +280,15 @@ class RelativeRule:
 
 
 @dataclass(frozen=True)
+class BaselinePoint:
+    """A point the A/B against the baseline bundle (--farm-ab-baseline) measures."""
+
+    mode: str
+    seq_len: int
+    updater: str
+
+
+@dataclass(frozen=True)
 class Thresholds:
     path: Path
     warmup: int
@@ -272,6 +296,8 @@ class Thresholds:
     prompt: str
     minimums: tuple[MinRule, ...]
     relative: tuple[RelativeRule, ...]
+    ab: ABConfig = ABConfig()
+    baseline_points: tuple[BaselinePoint, ...] = ()  # empty: the default point
 
     def minimum(self, soc: str, mode: str, seq_len: int, updater: str) -> MinRule | None:
         rules = [r for r in self.minimums if (r.mode, r.seq_len, r.updater) == (mode, seq_len, updater)]
@@ -306,7 +332,7 @@ def _updater(entry: dict, key: str, where: str) -> str:
 def load_thresholds(path: Path, bundle: Bundle | None = None) -> Thresholds:
     raw, _ = read_toml(path)
     where = str(path)
-    _check_keys(raw, {"warmup", "runs", "prompt", "min", "relative", "bundle"}, where)
+    _check_keys(raw, {"warmup", "runs", "prompt", "min", "relative", "bundle", "ab", "baseline_ab"}, where)
     warmup = _field(raw, "warmup", int, where, 1)
     runs = _field(raw, "runs", int, where, 3)
     if warmup < 0 or runs < 1:
@@ -328,6 +354,32 @@ def load_thresholds(path: Path, bundle: Bundle | None = None) -> Thresholds:
             raise UsageError(f"{w}: key 'max_slowdown_pct' must be in [0, 100), got {pct!r}")
         relative.append(RelativeRule(soc, mode, seq_len, _updater(entry, "faster", w),
                                      _updater(entry, "slower", w), float(pct)))
+    baseline_points = []
+    for i, entry in enumerate(raw.get("baseline_ab", [])):
+        w = f"{where}: baseline_ab[{i}]"
+        if not isinstance(entry, dict):
+            raise UsageError(f"{w}: must be a table")
+        _check_keys(entry, {"mode", "seq_len", "updater"}, w)
+        _, mode, seq_len = _rule_point({**entry, "soc": "*"}, w, bundle)
+        baseline_points.append(BaselinePoint(mode, seq_len, _updater(entry, "updater", w)))
     return Thresholds(path=Path(path), warmup=warmup, runs=runs,
                       prompt=_field(raw, "prompt", str, where, "Once upon a time"),
-                      minimums=tuple(minimums), relative=tuple(relative))
+                      minimums=tuple(minimums), relative=tuple(relative),
+                      ab=_ab_design(raw.get("ab", {}), f"{where}: [ab]"),
+                      baseline_points=tuple(baseline_points))
+
+
+def _ab_design(entry: Any, where: str) -> ABConfig:
+    if not isinstance(entry, dict):
+        raise UsageError(f"{where}: must be a table")
+    _check_keys(entry, {"min_blocks", "max_blocks", "look_every", "alpha", "min_effect_pct"}, where)
+    default = ABConfig()
+    try:
+        return ABConfig(alpha=float(_field(entry, "alpha", (int, float), where, default.alpha)),
+                        min_effect=float(_field(entry, "min_effect_pct", (int, float), where,
+                                                default.min_effect * 100)) / 100,
+                        min_blocks=_field(entry, "min_blocks", int, where, default.min_blocks),
+                        max_blocks=_field(entry, "max_blocks", int, where, default.max_blocks),
+                        look_every=_field(entry, "look_every", int, where, default.look_every))
+    except UsageError as e:
+        raise UsageError(f"{where}: {e}") from None

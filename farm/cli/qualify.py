@@ -74,10 +74,15 @@ def _device_count(virtual: tuple[str, ...], socs: tuple[str, ...], config_path: 
               help="baseline for the regression gate: a baseline name, stored run id, report directory "
                    "or results.json [default for release/nightly: the latest named baseline of the "
                    "bundle, if any; 'none' for no gate]")
+@click.option("--ab-baseline", "ab_baseline", type=click.Path(dir_okay=False), default=None,
+              metavar="MANIFEST",
+              help="a baseline bundle (the main branch's build) to A/B the bundle against on the same "
+                   "devices: the throughput suite's test_against_baseline_bundle fails when the bundle "
+                   "is slower")
 @gate_options
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retries, out_dir,
-            config_path, purpose, baseline_name, min_effect, inconclusive, pytest_args) -> None:
+            config_path, purpose, baseline_name, ab_baseline, min_effect, inconclusive, pytest_args) -> None:
     """Qualify a bundle with the farm's suites (smoke, correctness, throughput) on every SoC, and
     write the release qualification report (report.html, report.md) beside the JUnit files.
 
@@ -102,6 +107,8 @@ def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retri
     from farm.bundle.manifest import load
 
     bundle = load(manifest)  # bad input first, before any device is counted or started
+    if ab_baseline is not None:
+        load(ab_baseline)
     baseline = _baseline(baseline_name, purpose, bundle.name, config_path)
     out = Path(out_dir) if out_dir else Path("reports") / f"qualify-{time.strftime('%Y%m%d-%H%M%S')}"
     # The report directory before any device is counted, started or leased (bad input: exit 2), and
@@ -111,11 +118,11 @@ def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retri
     check_out_dir(out, make_parents=out_dir is None)
     with lock_out_dir(out):
         _qualify(out, virtual_socs, manifest, socs, workers, priority, retries, config_path, purpose,
-                 baseline, effect, inconclusive, pytest_args)
+                 baseline, effect, inconclusive, pytest_args, ab_baseline)
 
 
 def _qualify(out, virtual_socs, manifest, socs, workers, priority, retries, config_path, purpose,
-             baseline, effect, inconclusive, pytest_args) -> None:
+             baseline, effect, inconclusive, pytest_args, ab_baseline=None) -> None:
     import pytest
 
     from farm.exitcodes import ExitCode
@@ -132,6 +139,8 @@ def _qualify(out, virtual_socs, manifest, socs, workers, priority, retries, conf
     if config_path:
         args += ["--farm-config", config_path]
     args += ["--farm-purpose", purpose]
+    if ab_baseline is not None:
+        args += ["--farm-ab-baseline", str(ab_baseline)]
     args += list(pytest_args)
     click.echo("+ pytest " + shlex.join(args), err=True)
     where = _ReportWhere()

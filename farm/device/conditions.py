@@ -8,10 +8,16 @@ cpufreq policies. A reading a device does not give is None, never a guess.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from farm.device.probe import parse_battery
+from farm.errors import InfraError
+
+log = logging.getLogger(__name__)
 
 THROTTLING_STATUS = 2   # THROTTLING_MODERATE: the platform has started to slow the SoC
 CHARGING = "2"          # BatteryManager.BATTERY_STATUS_CHARGING
@@ -62,3 +68,17 @@ def parse_conditions(text: str) -> Conditions:
 
 def read_conditions(device, timeout: float = 30.0) -> Conditions:
     return parse_conditions(device.shell(COMMAND, timeout=timeout).out)
+
+
+@contextlib.contextmanager
+def forced_idle(device) -> Iterator[None]:
+    """Deep idle forced for the block (``dumpsys deviceidle force-idle``: no background jobs, syncs
+    or alarms while measuring), restored after, also when the block fails."""
+    device.shell("dumpsys deviceidle force-idle deep", timeout=30)
+    try:
+        yield
+    finally:
+        try:
+            device.shell("dumpsys deviceidle unforce", timeout=30)
+        except InfraError as e:  # a device gone is the caller's error already; its next boot forgets
+            log.warning("deviceidle unforce on %s: %s", device.serial, e)

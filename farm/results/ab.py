@@ -37,7 +37,8 @@ from scipy import stats
 
 from farm.errors import UsageError
 
-__all__ = ["ABConfig", "ABResult", "ABVerdict", "Block", "compare", "looks", "walsh_interval"]
+__all__ = ["ABConfig", "ABResult", "ABVerdict", "Block", "BoundVerdict", "against_bound", "compare", "looks",
+           "walsh_interval"]
 
 
 class ABVerdict(StrEnum):
@@ -70,6 +71,11 @@ class ABConfig:
         if not (1 <= self.min_blocks <= self.max_blocks) or self.look_every < 1:
             raise UsageError(f"A/B blocks: need 1 <= min_blocks ({self.min_blocks}) <= max_blocks "
                              f"({self.max_blocks}) and look_every >= 1 ({self.look_every})")
+        # On one device, the last look has max_blocks values: the smallest two-sided p-value of the
+        # signed-rank test with n values is 2 / 2^n, which must be under the per-look alpha.
+        if 2 * 0.5 ** self.max_blocks >= self.alpha_per_look:
+            raise UsageError(f"A/B blocks: max_blocks {self.max_blocks} can never give an interval at "
+                             f"alpha {self.alpha:g} over {self.n_looks} look(s); give more blocks")
 
     @property
     def n_looks(self) -> int:
@@ -195,3 +201,23 @@ def compare(blocks: list[Block], config: ABConfig, *, level: float | None = None
     else:
         verdict, why = ABVerdict.UNDECIDED, "the interval does not decide at this effect size"
     return ABResult(verdict, centre, lo, hi, level, len(blocks), own, why)
+
+
+class BoundVerdict(StrEnum):
+    """A relative rule's verdict (B / A must be at least ``bound``), from the interval."""
+
+    MEETS = "meets"          # the whole interval is at or above the bound
+    MISSES = "misses"        # the whole interval is below it
+    UNDECIDED = "undecided"  # the bound is inside the interval (or no interval yet)
+
+
+def against_bound(result: ABResult, bound: float) -> BoundVerdict:
+    """Whether the ratio B / A is at least ``bound`` (a rule such as "SmartMask at most 10 % slower
+    than ShiftPointer": bound 0.9), as the interval shows it."""
+    if result.low is None or result.high is None:
+        return BoundVerdict.UNDECIDED
+    if result.low >= bound:
+        return BoundVerdict.MEETS
+    if result.high < bound:
+        return BoundVerdict.MISSES
+    return BoundVerdict.UNDECIDED

@@ -9,6 +9,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from farm.errors import UsageError
+from farm.results.ab import ABResult, BoundVerdict, against_bound
+
 
 def below_minimum(runs: Sequence[float], minimum: float) -> str | None:
     """The median of the measured runs against the minimum: one lucky run proves nothing."""
@@ -21,14 +24,25 @@ def below_minimum(runs: Sequence[float], minimum: float) -> str | None:
             f"(runs: {', '.join(f'{r:.1f}' for r in runs)})")
 
 
-def too_slow(faster: str, fast_runs: Sequence[float], slower: str, slow_runs: Sequence[float],
-             max_slowdown_pct: float) -> str | None:
+def too_slow(faster: str, slower: str, result: ABResult, max_slowdown_pct: float) -> str | None:
     """Whether the updater meant to be faster is more than ``max_slowdown_pct`` % slower than the other,
-    median against median."""
-    fast, slow = statistics.median(fast_runs), statistics.median(slow_runs)
-    if fast >= slow * (1 - max_slowdown_pct / 100):
+    from an A/B of the two (A = ``slower``, B = ``faster``): the interval of B / A wholly below the
+    bound misses it; one wholly at or above meets it; one across the bound (undecided after the
+    design's last block) leaves it to the estimate, and the message says so."""
+    bound = 1 - max_slowdown_pct / 100
+    if result.ratio is None:  # the design always gives an interval by its last block (ABConfig)
+        raise UsageError(f"{faster} against {slower}: no interval after {result.blocks} blocks "
+                         f"({result.reason}): the A/B design gives too few blocks")
+    verdict = against_bound(result, bound)
+    if verdict == BoundVerdict.MEETS:
         return None
-    return f"{faster} {fast:.1f} tok/s is more than {max_slowdown_pct:g}% slower than {slower} {slow:.1f} tok/s"
+    if verdict == BoundVerdict.UNDECIDED and result.ratio >= bound:
+        return None
+    interval = "" if result.low is None else f" [{result.low:.4f}, {result.high:.4f}]"
+    return (f"{faster} is more than {max_slowdown_pct:g}% slower than {slower}: {faster} / {slower} = "
+            f"{result.ratio:.4f}{interval} over {result.blocks} blocks, bound {bound:.4f}"
+            + (" (undecided: the interval spans the bound, the estimate is below it)"
+               if verdict == BoundVerdict.UNDECIDED else ""))
 
 
 def golden_ids_mismatch(generated: Sequence[int], golden: Sequence[int]) -> str | None:

@@ -26,7 +26,7 @@ WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
 ENTRY_POINTS = [REPO / "ci" / "pr-gate.sh", REPO / "ci" / "nightly.sh"]
 # Variables the scripts read: a test sets the ones it means, never inherits them.
 CI_VARS = ("GITHUB_STEP_SUMMARY", "PTEFARM_GATE_SOCS", "PTEFARM_GATE_CONFIG", "PTEFARM_PURPOSE",
-           "PTEFARM_BASELINE", "PTEFARM_BUNDLE")
+           "PTEFARM_BASELINE", "PTEFARM_BUNDLE", "PTEFARM_BASELINE_BUNDLE")
 
 
 def _load_annotations():

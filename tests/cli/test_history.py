@@ -132,6 +132,9 @@ def test_results_prune_keeps_baselines(farm_cli, pool_url, tmp_path):
 
 THRESHOLDS = """warmup = 1
 runs = 3
+[ab]
+min_blocks = 6
+max_blocks = 6
 [[min]]
 soc = "*"
 mode = "kv"
@@ -180,8 +183,9 @@ def test_a_virtual_run_is_stored_with_every_sample(tiny_bundle, tmp_path):
     assert set(by_point) == {("test_min_throughput", "SmartMask"),
                              ("test_relative_throughput", "SmartMask"),
                              ("test_relative_throughput", "ShiftPointer")}
-    for m in by_point.values():
-        assert (m.metric, m.unit, m.mode, m.seq_len, len(m.values)) == ("tok_s", "tok/s", "kv", 24, 3)
+    for (test, _), m in by_point.items():
+        runs = 6 if test == "test_relative_throughput" else 3  # the A/B's blocks, the minimum's runs
+        assert (m.metric, m.unit, m.mode, m.seq_len, len(m.values)) == ("tok_s", "tok/s", "kv", 24, runs)
         assert all(v > 0 for v in m.values)
     assert by_point["test_min_throughput", "SmartMask"].threshold == 1.0
     assert by_point["test_relative_throughput", "SmartMask"].threshold is None

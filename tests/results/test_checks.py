@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from farm.errors import UsageError
+from farm.results.ab import ABResult, ABVerdict
 from farm.results.checks import (
     below_minimum,
     golden_ids_mismatch,
@@ -26,13 +28,26 @@ def test_a_minimum_with_no_run_is_never_met():
     assert below_minimum([], 1.5) == "no measured run to compare with the minimum 1.5"
 
 
-def test_a_relative_rule_compares_medians():
-    # The faster updater's best run is faster than the other's median; its median is 20% slower.
-    problem = too_slow("SmartMask", [40.0, 40.0, 100.0], "ShiftPointer", [50.0, 50.0, 50.0], 10.0)
-    assert problem == "SmartMask 40.0 tok/s is more than 10% slower than ShiftPointer 50.0 tok/s"
-    assert too_slow("SmartMask", [45.0, 46.0, 1.0], "ShiftPointer", [50.0, 50.0, 99.0], 10.0) is None
-    assert too_slow("SmartMask", [45.0], "ShiftPointer", [50.0], 10.0) is None  # exactly at the floor
-    assert too_slow("SmartMask", [44.9], "ShiftPointer", [50.0], 10.0) is not None
+def _ab(ratio, low, high, blocks=12):
+    return ABResult(ABVerdict.UNDECIDED, ratio, low, high, 0.05, blocks)
+
+
+def test_a_relative_rule_is_judged_on_the_interval_of_the_ratio():
+    # SmartMask / ShiftPointer against "at most 10 % slower" (bound 0.9)
+    assert too_slow("SmartMask", "ShiftPointer", _ab(0.95, 0.91, 0.99), 10.0) is None
+    assert too_slow("SmartMask", "ShiftPointer", _ab(0.91, 0.90, 0.93), 10.0) is None  # at the bound
+    problem = too_slow("SmartMask", "ShiftPointer", _ab(0.85, 0.84, 0.87), 10.0)
+    assert problem == ("SmartMask is more than 10% slower than ShiftPointer: SmartMask / ShiftPointer = "
+                       "0.8500 [0.8400, 0.8700] over 12 blocks, bound 0.9000")
+    assert too_slow("SmartMask", "ShiftPointer", _ab(0.89, 0.80, 0.8999), 10.0) is not None
+
+
+def test_an_interval_across_the_bound_leaves_it_to_the_estimate_and_says_so():
+    assert too_slow("SmartMask", "ShiftPointer", _ab(0.92, 0.85, 0.99), 10.0) is None
+    problem = too_slow("SmartMask", "ShiftPointer", _ab(0.88, 0.80, 0.95), 10.0)
+    assert problem is not None and "undecided" in problem
+    with pytest.raises(UsageError, match="too few blocks"):  # never judged without an interval
+        too_slow("SmartMask", "ShiftPointer", _ab(None, None, None, 3), 10.0)
 
 
 @pytest.mark.parametrize("generated", [[5, 6], [5], []])

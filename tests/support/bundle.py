@@ -43,3 +43,27 @@ def qwen_bundle() -> Path:
 @pytest.fixture(scope="session")
 def qwen_weights(qwen_bundle):
     return weights_for(qwen_bundle)
+
+
+def rebuilt_copy(manifest: Path, dest: Path, name: str) -> Path:
+    """The bundle as a rebuild of the same model would be: every program the same graph and weights,
+    yet other bytes (a marker after the program's end, which the runtime never reads), so its
+    files have other digests, as a pull request's fresh build has. Returns the copy's manifest."""
+    import dataclasses
+    import shutil
+
+    from farm.bundle.manifest import describe_file, load
+
+    bundle = load(manifest)
+    src = Path(manifest).resolve().parent
+    shutil.copytree(src, dest)
+    files = []
+    for f in bundle.files:
+        path = dest / f.path.relative_to(src)
+        if f.role == "pte":
+            with open(path, "ab") as out:
+                out.write(f"rebuilt as {name}".encode())
+        files.append(describe_file(dest, path, role=f.role, name=f.name, htp_arch=f.htp_arch))
+    copy = dataclasses.replace(bundle, name=name, files=files)
+    copy.write(dest / "manifest.json")
+    return dest / "manifest.json"
