@@ -9,6 +9,11 @@
 #                 farm/selftest/upstream.py with goldens from the host runner), `farm bundle create
 #                 --dialect qnn-v1.0`d: driven with upstream's flags only, read from outputs.txt,
 #                 inference_speed.txt and stdout
+#   small         reference bundle with a KV cache of 4096 (upstream's SM8650 measurement), on two
+#                 simulated SM8650s (--virtual-timing phone: every figure SIMULATED): the long-context
+#                 cases (suites/data/long_context.toml: both updaters to the end of the 4096 context)
+#                 and the throughput suite, whose relative rule (SmartMask not slower than ShiftPointer)
+#                 is an A/B with an interval                                -> reports/latest-small
 # (junit/<device>.xml, summary.md, results.json, report.md, report.html in each). Sets itself up on a
 # fresh machine. Extra arguments add to these defaults (e.g. --virtual SM8850, -- -m gate); with
 # --bundle MANIFEST or --model NAME only that bundle is qualified, into reports/latest.
@@ -49,12 +54,17 @@ upstream_bundle() {  # stage upstream's folders from the tiny export, `farm bund
 
 rank() { case "$1" in 0) echo 0 ;; 3) echo 1 ;; 4) echo 2 ;; 1) echo 3 ;; 2) echo 4 ;; *) echo 5 ;; esac; }
 worst=0
-for model in tiny tiny-qwen2_5 upstream; do
+for model in tiny tiny-qwen2_5 upstream small; do
   out=reports/latest
   [ "$model" = tiny ] || out=reports/latest-$model
   code=0 start=$SECONDS
   if [ "$model" = upstream ]; then
     upstream_bundle && qualify "$out" --bundle "$UPSTREAM/bundle/manifest.json" || code=$?
+  elif [ "$model" = small ]; then
+    to_pytest=(${pytest_args[@]+"${pytest_args[@]}"})  # from `--` on, to which the cases file is added
+    [ "${#to_pytest[@]}" -gt 0 ] || to_pytest=(--)
+    farm qualify --out "$out" --model small --virtual SM8650:2 --virtual-timing phone \
+      ${options[@]+"${options[@]}"} "${to_pytest[@]}" --farm-cases suites/data/long_context.toml || code=$?
   else
     qualify "$out" --model "$model" || code=$?
   fi

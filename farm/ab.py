@@ -127,6 +127,7 @@ def sample_blocks(devices: list, a: Variant, b: Variant, config: ABConfig, *, bu
     once, until ``decided`` says the result at a look decides, the design's last look, or
     ``budget_s`` device-seconds. ``warmup`` blocks run first on every device and are dropped. Each
     device is held in forced deep idle while it measures."""
+    config.check_decidable(len(devices))
     rng = random.Random(seed)
     coins = {d.serial: random.Random(rng.random()) for d in devices}
     blocks: list[Block] = []
@@ -186,6 +187,7 @@ def run_ab(farm: Farm, a: Variant, b: Variant, *, soc: str, devices: int, config
         raise UsageError(f"--devices must be at least 1, got {devices}")
     for v in (a, b):
         v.request.check()
+    config.check_decidable(devices)  # before any device is leased
     holder = Holder.current(purpose=f"farm ab {a.bundle.name} vs {b.bundle.name}")
     with ExitStack() as stack:
         handles = []

@@ -375,11 +375,13 @@ def _ab_design(entry: Any, where: str) -> ABConfig:
     _check_keys(entry, {"min_blocks", "max_blocks", "look_every", "alpha", "min_effect_pct"}, where)
     default = ABConfig()
     try:
-        return ABConfig(alpha=float(_field(entry, "alpha", (int, float), where, default.alpha)),
-                        min_effect=float(_field(entry, "min_effect_pct", (int, float), where,
-                                                default.min_effect * 100)) / 100,
-                        min_blocks=_field(entry, "min_blocks", int, where, default.min_blocks),
-                        max_blocks=_field(entry, "max_blocks", int, where, default.max_blocks),
-                        look_every=_field(entry, "look_every", int, where, default.look_every))
+        design = ABConfig(alpha=float(_field(entry, "alpha", (int, float), where, default.alpha)),
+                          min_effect=float(_field(entry, "min_effect_pct", (int, float), where,
+                                                  default.min_effect * 100)) / 100,
+                          min_blocks=_field(entry, "min_blocks", int, where, default.min_blocks),
+                          max_blocks=_field(entry, "max_blocks", int, where, default.max_blocks),
+                          look_every=_field(entry, "look_every", int, where, default.look_every))
+        design.check_decidable(1)  # the suites' A/Bs run on the test's one device
+        return design
     except UsageError as e:
         raise UsageError(f"{where}: {e}") from None

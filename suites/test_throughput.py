@@ -153,6 +153,7 @@ def ab_on_device(llm, farm, thresholds: Thresholds, record_measurement, a: Varia
         r = v.request
         record_measurement("tok_s", "tok/s", [x.tok_s for x in mine], updater=r.updater, mode=r.mode,
                            seq_len=r.seq_len, conditions=[x.conditions for x in mine])
+        llm.record(f"tok_s.{v.label}", f"{statistics.median(x.tok_s for x in mine):.2f}")
         llm.record(f"tok_s_runs.{v.label}", " ".join(f"{x.tok_s:.2f}" for x in mine))
         llm.record(f"throttled_runs.{v.label}", sum(x.throttled for x in mine))
     res = got.result

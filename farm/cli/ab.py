@@ -13,6 +13,8 @@ from farm.exitcodes import ExitCode
 from farm.vocab import Timing, Updater
 
 UPDATER_NAMES = [u.value for u in Updater]
+# The design's defaults are farm.results.ab.ABConfig's (tests/cli/test_ab.py holds them equal), written
+# out here: importing the statistics (numpy, scipy) would slow every farm command's start.
 
 
 @click.command("ab")
@@ -38,9 +40,12 @@ UPDATER_NAMES = [u.value for u in Updater]
               help="%: a smaller difference is 'same'")
 @click.option("--alpha", type=float, default=0.05, show_default=True,
               help="the whole comparison's chance of calling identical variants different")
-@click.option("--min-blocks", type=int, default=6, show_default=True)
-@click.option("--max-blocks", type=int, default=30, show_default=True)
-@click.option("--look-every", type=int, default=3, show_default=True)
+@click.option("--min-blocks", type=int, default=4, show_default=True,
+              help="blocks per device before the first look")
+@click.option("--max-blocks", type=int, default=16, show_default=True,
+              help="blocks per device at most")
+@click.option("--look-every", type=int, default=4, show_default=True,
+              help="blocks per device between looks")
 @click.option("--fixed", is_flag=True, help="one look after --max-blocks (fixed N), not sequential")
 @click.option("--budget-s", type=float, default=None, help="stop after this many device-seconds of runs")
 @click.option("--seed", type=int, default=None, help="the block order's seed (default: random)")

@@ -52,6 +52,9 @@ def _device_count(virtual: tuple[str, ...], socs: tuple[str, ...], config_path: 
 @click.option("--virtual", "virtual_socs", multiple=True, metavar="SOC[:N]",
               help="run on fresh virtual devices (repeatable: --virtual SM8650:2 --virtual SM8550) "
                    "with a private adb server and pool, all stopped at the end")
+@click.option("--virtual-timing", type=click.Choice(["host", "phone"]), default=None,
+              help="the --virtual devices' timing: host (the host CPU's figures) or phone (a simulated "
+                   "phone's, marked SIMULATED) [default: the config's virtual.timing]")
 @click.option("--bundle", "manifest", type=click.Path(dir_okay=False), default=None,
               help="bundle manifest to qualify [default: the exported reference bundle]")
 @click.option("--model", "model_config", default="tiny", show_default=True,
@@ -81,7 +84,7 @@ def _device_count(virtual: tuple[str, ...], socs: tuple[str, ...], config_path: 
                    "is slower")
 @gate_options
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
-def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retries, out_dir,
+def qualify(virtual_socs, virtual_timing, manifest, model_config, socs, workers, priority, retries, out_dir,
             config_path, purpose, baseline_name, ab_baseline, min_effect, inconclusive, pytest_args) -> None:
     """Qualify a bundle with the farm's suites (smoke, correctness, throughput) on every SoC, and
     write the release qualification report (report.html, report.md) beside the JUnit files.
@@ -118,11 +121,11 @@ def qualify(virtual_socs, manifest, model_config, socs, workers, priority, retri
     check_out_dir(out, make_parents=out_dir is None)
     with lock_out_dir(out):
         _qualify(out, virtual_socs, manifest, socs, workers, priority, retries, config_path, purpose,
-                 baseline, effect, inconclusive, pytest_args, ab_baseline)
+                 baseline, effect, inconclusive, pytest_args, ab_baseline, virtual_timing)
 
 
 def _qualify(out, virtual_socs, manifest, socs, workers, priority, retries, config_path, purpose,
-             baseline, effect, inconclusive, pytest_args, ab_baseline=None) -> None:
+             baseline, effect, inconclusive, pytest_args, ab_baseline=None, virtual_timing=None) -> None:
     import pytest
 
     from farm.exitcodes import ExitCode
@@ -134,6 +137,8 @@ def _qualify(out, virtual_socs, manifest, socs, workers, priority, retries, conf
     args += ["-n", str(n)] if n > 1 else ["-p", "no:xdist"]
     for v in virtual_socs:
         args += ["--farm-virtual", v]
+    if virtual_timing is not None:
+        args += ["--farm-virtual-timing", virtual_timing]
     for s in socs:
         args += ["--farm-soc", s]
     if config_path:

@@ -72,3 +72,13 @@ def test_identical_variants_and_a_bad_design_are_refused_before_any_device(phone
     assert same.exit_code == 2 and "A and B are the same" in same.output
     bad = _ab(config, str(tiny_bundle), "--b-updater", "ShiftPointer", "--min-effect", "0")
     assert bad.exit_code == 2 and "minimum effect" in bad.output
+
+
+def test_the_cli_design_defaults_are_the_library_s():
+    from farm.results.ab import ABConfig
+
+    defaults = {p.name: p.default for p in main.commands["ab"].params}
+    d = ABConfig()
+    assert (defaults["min_blocks"], defaults["max_blocks"], defaults["look_every"]) == \
+        (d.min_blocks, d.max_blocks, d.look_every)
+    assert (defaults["alpha"], defaults["min_effect"] / 100) == (d.alpha, d.min_effect)

@@ -190,3 +190,21 @@ def test_sigint_during_qualify_leaves_no_half_report_and_no_lease(virtual_farm, 
     if (out / "report.html").exists():  # written whole, and saying what it is
         text = (out / "report.html").read_text()
         assert text.endswith("</html>\n") and "INTERRUPTED" in text
+
+
+def test_farm_qualify_on_simulated_phones_marks_every_figure_simulated(tmp_path, tiny_bundle):
+    """--virtual-timing phone (ci/qualify.sh's long-context leg): the devices are simulated phones,
+    and the run's figures say SIMULATED, never measured."""
+    out = tmp_path / "reports"
+    proc = _farm("qualify", "--virtual", "SM8650", "--virtual-timing", "phone", "--bundle", str(tiny_bundle),
+                 "--out", str(out), "--", "-k", "kv-64-SmartMask", cwd=tmp_path)
+    assert proc.returncode == 0, explain(proc)
+    assert "--farm-virtual-timing phone" in proc.stderr
+    [case] = junit_cases(out)
+    assert case.properties["timing"] == "simulated"
+    [m] = [m for r in results_json(out)["results"] for m in r["measurements"]]
+    assert m["timing"] == "simulated"
+    assert "SIMULATED" in (out / "report.md").read_text()
+    bad = _farm("qualify", "--virtual", "SM8650", "--virtual-timing", "fast", "--bundle", str(tiny_bundle),
+                "--out", str(tmp_path / "r"), cwd=tmp_path)
+    assert bad.returncode == 2 and "fast" in bad.stderr

@@ -105,3 +105,10 @@ def test_a_broken_estimator_is_caught(monkeypatch):
     monkeypatch.setattr(ab, "walsh_averages", lambda r: 2 * real(r))
     broken = compare([Block("d", 40.0, 38.0)] * 12, ABConfig(), level=0.5)
     assert broken.ratio != pytest.approx(0.95)
+
+
+def test_a_design_that_could_never_decide_is_refused_for_its_devices():
+    design = ABConfig(min_blocks=4, max_blocks=4, look_every=4)  # one look at alpha 5 %
+    with pytest.raises(UsageError, match="max_blocks 4 on 1 device"):
+        design.check_decidable(1)  # 4 values: the smallest p-value is 2 / 16
+    design.check_decidable(2)  # 8 values: 2 / 256
