@@ -27,7 +27,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
 from farm.bundle.manifest import Bundle
-from farm.device.conditions import forced_idle, read_conditions
+from farm.device.conditions import forced_idle, pinned_governors, read_conditions
 from farm.device.discovery import find_device
 from farm.errors import UsageError
 from farm.execute.deploy import deploy
@@ -80,12 +80,13 @@ class ABRun:
     samples: list[Sample] = field(default_factory=list)
     device_s: float = 0.0          # wall seconds of runs, summed over devices
     stopped: str = ""              # why sampling stopped
+    pinning: dict[str, str] = field(default_factory=dict)  # serial -> its CPU governors' pinning
 
     def to_json(self) -> dict:
         return {"a": self.a.describe(), "b": self.b.describe(), "soc": self.soc, "serials": self.serials,
                 "timing": self.timing, "simulated": self.timing == Timing.SIMULATED,
                 "config": asdict(self.config), "result": self.result.to_json(),
-                "device_s": round(self.device_s, 3), "stopped": self.stopped,
+                "device_s": round(self.device_s, 3), "stopped": self.stopped, "governor_pinning": self.pinning,
                 "samples": [asdict(s) for s in self.samples]}
 
 
@@ -113,6 +114,7 @@ class Sampling:
     samples: list[Sample]          # the measured runs (warm-ups not included)
     device_s: float                # wall seconds of runs, summed over devices (warm-ups included)
     stopped: str                   # why sampling stopped
+    pinning: dict[str, str] = field(default_factory=dict)  # serial -> its CPU governors' pinning
 
 
 def _decided(result: ABResult) -> bool:
@@ -126,7 +128,7 @@ def sample_blocks(devices: list, a: Variant, b: Variant, config: ABConfig, *, bu
     """Blocks of both variants on ``devices`` (handles on which both are deployed), all devices at
     once, until ``decided`` says the result at a look decides, the design's last look, or
     ``budget_s`` device-seconds. ``warmup`` blocks run first on every device and are dropped. Each
-    device is held in forced deep idle while it measures."""
+    device is held in forced deep idle while it measures, its CPU governors pinned where it allows."""
     config.check_decidable(len(devices))
     rng = random.Random(seed)
     coins = {d.serial: random.Random(rng.random()) for d in devices}
@@ -135,8 +137,11 @@ def sample_blocks(devices: list, a: Variant, b: Variant, config: ABConfig, *, bu
     spent = {d.serial: 0.0 for d in devices}
     lock = threading.Lock()
 
+    pinning: dict[str, str] = {}
+
     def blocks_on(device, first: int, count: int, keep: bool = True) -> None:
-        with forced_idle(device):
+        with forced_idle(device), pinned_governors(device) as pinned:
+            pinning[device.serial] = pinned
             for i in range(first, first + count):
                 a_first = coins[device.serial].random() < 0.5
                 got = {}
@@ -175,7 +180,7 @@ def sample_blocks(devices: list, a: Variant, b: Variant, config: ABConfig, *, bu
         else:
             stopped = f"{config.max_blocks} block(s) per device, the most the design allows"
     assert result is not None  # looks() has at least one look
-    return Sampling(result, blocks, samples, sum(spent.values()), stopped)
+    return Sampling(result, blocks, samples, sum(spent.values()), stopped, pinning)
 
 
 def run_ab(farm: Farm, a: Variant, b: Variant, *, soc: str, devices: int, config: ABConfig,
@@ -207,4 +212,4 @@ def run_ab(farm: Farm, a: Variant, b: Variant, *, soc: str, devices: int, config
                             on_look=on_look)
         least = min(timings, key=[Timing.SIMULATED, Timing.HOST_CPU, Timing.MEASURED].index)
         return ABRun(a, b, soc, [d.serial for d in handles], str(least), config, got.result, got.samples,
-                     got.device_s, got.stopped)
+                     got.device_s, got.stopped, got.pinning)

@@ -19,6 +19,7 @@ import pytest
 
 from farm.ab import Sampling, Variant, sample_blocks
 from farm.bundle.tokens import DEFAULT_SEQ_LEN, context_len
+from farm.device.conditions import pinned_governors
 from farm.execute.deploy import deploy
 from farm.execute.run import runner_dialect
 from farm.execute.runprofile import RunRequest
@@ -73,7 +74,8 @@ def measure(llm, farm, thresholds: Thresholds, record_measurement, *, mode: str,
     that filled its seq_len aborts.
 
     The device is cooled first (phones and simulated phones), must be above the battery floor, and
-    is held in forced deep idle while measuring. A measured run during which the device reported
+    is held in forced deep idle while measuring, its CPU governors pinned to performance where it
+    allows (a root shell; recorded either way). A measured run during which the device reported
     throttling (thermal status MODERATE or above, before or after it) is re-taken after a cool-down,
     at most ``MAX_RETAKES`` times per point; a run kept throttled says so in its conditions."""
     device = llm.device
@@ -87,7 +89,8 @@ def measure(llm, farm, thresholds: Thresholds, record_measurement, *, mode: str,
     rates: list[float] = []
     kept: list[dict] = []
     retakes = 0
-    with device.forced_idle():
+    with device.forced_idle(), pinned_governors(device.adb) as pinning:
+        llm.record("governor_pinning", pinning)
         while len(rates) < thresholds.warmup + thresholds.runs:
             before = device.conditions()
             one = llm.generate(thresholds.prompt, updater=updater, mode=mode, seq_len=seq_len)
@@ -166,6 +169,7 @@ def ab_on_device(llm, farm, thresholds: Thresholds, record_measurement, a: Varia
     llm.record("ab.blocks", res.blocks)
     llm.record("ab.stopped", got.stopped)
     llm.record("ab.seed", seed)
+    llm.record("governor_pinning", got.pinning.get(device.serial, "?"))
     return got
 
 

@@ -117,17 +117,17 @@ def history(limit: int | None, purpose: str | None, bundle: str | None, changes:
 
 def _changes(limit: int, purpose: str, bundle: str | None, min_effect: float, plot_dir: str | None,
              as_json: bool) -> None:
-    from farm.results.changes import find_changes
+    from farm.report.trends import trends
 
     with _open() as store:
         series = store.point_series(purpose=purpose, bundle=bundle, limit=limit)
-    found = {s.label: find_changes(s, min_effect=min_effect) for s in series}
+    found = trends(series, min_effect=min_effect, plot=plot_dir is not None)
     if plot_dir is not None:
-        _plot_trends(Path(plot_dir), series, found)
+        _plot_trends(Path(plot_dir), found)
     if as_json:
         click.echo(json.dumps({"purpose": purpose, "points": [
-            {"point": s.label, "timing": s.timing, "runs": len(s.runs),
-             "changes": [c.to_json() for c in found[s.label]]} for s in series]}, indent=2))
+            {"point": t.label, "timing": t.timing, "runs": t.runs,
+             "changes": [c.to_json() for c in t.changes]} for t in found]}, indent=2))
         return
     if not series:
         click.echo(f"no measurements in {purpose} runs" + (f" of bundle {bundle}" if bundle else ""))
@@ -135,28 +135,26 @@ def _changes(limit: int, purpose: str, bundle: str | None, min_effect: float, pl
     table = Table(title=f"change points over the last {limit} {purpose} run(s)")
     for col in ("point", "runs", "run", "before", "after", "change", "p"):
         table.add_column(col)
-    for s in series:
-        for c in found[s.label] or [None]:
-            table.add_row(s.label, str(len(s.runs)), *(["-"] * 5 if c is None else [
+    for t in found:
+        for c in t.changes or [None]:
+            table.add_row(t.label, str(t.runs), *(["-"] * 5 if c is None else [
                 c.run_id, _num(c.before), _num(c.after), f"{c.delta:+.1%}", f"{c.p_value:.1g}"]))
     _console().print(table)
 
 
-def _plot_trends(out: Path, series, found) -> None:
+def _plot_trends(out: Path, found) -> None:
     import html
 
     from farm.fileio import write_atomic
-    from farm.report.plots import trend
 
     out.mkdir(parents=True, exist_ok=True)
     parts = ["<!doctype html><meta charset=utf-8><title>throughput trends</title>",
              "<h1>Throughput per point over history</h1>"]
-    for i, s in enumerate(series):
-        svg = trend(s, found[s.label])
-        if svg is None:
+    for i, t in enumerate(found):
+        if t.svg is None:
             continue
-        write_atomic(out / f"trend-{i:03d}.svg", svg)
-        parts.append(f"<h2>{html.escape(s.label)}</h2>{svg}")
+        write_atomic(out / f"trend-{i:03d}.svg", t.svg)
+        parts.append(f"<h2>{html.escape(t.label)}</h2>{t.svg}")
     write_atomic(out / "index.html", "\n".join(parts))
 
 

@@ -17,6 +17,7 @@ import pluggy
 
 from farm.cli.report import (
     gate_options,
+    history_of,
     latest_baseline,
     load_baseline,
     load_run,
@@ -159,7 +160,8 @@ def _qualify(out, virtual_socs, manifest, socs, workers, priority, retries, conf
     run.meta.setdefault("purpose", purpose)
     try:
         written = write_outputs(run, baseline, report_dir, ("markdown", "html"), min_effect=effect,
-                                inconclusive_fails=inconclusive == "fail")
+                                inconclusive_fails=inconclusive == "fail",
+                                history=history_of(run, config_path=config_path))
     except OSError as e:  # the JUnit files and results.json are written; the pages could not be
         click.echo(f"farm qualify: cannot write report.html/report.md to {report_dir}: "
                    f"{e.strerror or e} (the run's JUnit files and results.json are there)", err=True)

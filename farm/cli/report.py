@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from farm.errors import UsageError
+from farm.errors import FarmError, UsageError
 from farm.fileio import write_atomic
 from farm.results.records import QualificationResults, TestRecord
 
@@ -140,7 +140,8 @@ class Written:
 
 
 def write_outputs(run: QualificationResults, baseline: QualificationResults | None, out_dir: Path, formats: tuple[str, ...],
-                  *, min_effect: float = 0.05, inconclusive_fails: bool = False) -> Written:
+                  *, min_effect: float = 0.05, inconclusive_fails: bool = False,
+                  history: tuple[str, list] | None = None) -> Written:
     """Evaluate the gate and write each format into ``out_dir``, every file atomically (a temp file
     renamed into place: an interrupted write leaves the old file or none, never half of one)."""
     from farm.report.markdown import render_markdown
@@ -149,6 +150,8 @@ def write_outputs(run: QualificationResults, baseline: QualificationResults | No
 
     gate = evaluate(run, baseline, GateConfig(min_effect=min_effect, inconclusive_fails=inconclusive_fails))
     q = qualification_report(run, baseline, gate)
+    if history is not None:
+        q.trends_of, q.trends = history
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     markdown = render_markdown(q)
@@ -168,6 +171,27 @@ def write_outputs(run: QualificationResults, baseline: QualificationResults | No
         paths[fmt] = path
     title, sentence = q.headline
     return Written(paths, int(q.exit_code), markdown, f"{title}: {sentence}")
+
+
+def history_of(run: QualificationResults, *, config_path: str | None = None, limit: int = 60,
+               plot: bool = True) -> tuple[str, list] | None:
+    """The trends of ``run``'s points over the stored runs of its purpose and bundle (the run itself
+    included, once stored), for the report; None when the store cannot be read (the report is
+    written without them: a history is context, never part of a verdict)."""
+    from farm.report.trends import trends
+
+    purpose, bundle = run.meta.get("purpose"), run.meta.get("bundle_name")
+    if purpose not in ("nightly", "release") or not bundle:
+        return None
+    try:
+        with open_store(config_path) as store:
+            series = store.point_series(purpose=purpose, bundle=bundle, limit=limit)
+    except (FarmError, OSError) as e:
+        click.echo(f"farm: no trends in the report: the results store cannot be read ({e})", err=True)
+        return None
+    if not any(len(s.runs) > 1 for s in series):
+        return None  # one run is no trend
+    return f"the last {max(len(s.runs) for s in series)} {purpose} run(s) of {bundle}", trends(series, plot=plot)
 
 
 def parse_percent(value: str) -> float:

@@ -91,7 +91,8 @@ def condition_text(c: dict) -> str:
     parts = [f"{temp(before)} -> {temp(after)}",
              f"status {after.get('thermal_status', '?')}", f"idle {after.get('idle') or '?'}",
              f"battery {after.get('battery_level', '?')} %" + (" charging" if after.get("charging") else ""),
-             after.get("governors") or "governor ?"]
+             after.get("governors") or "governor ?",
+             {True: "screen on", False: "screen off"}.get(after.get("screen_on"), "screen ?")]
     return ", ".join(parts) + (" THROTTLED" if c.get("throttled") else "")
 
 
@@ -101,7 +102,7 @@ def _samples(p: PointResult) -> str:
     text = f"now ({len(p.now)}): {now}\nbaseline ({0 if p.base is None else len(p.base)}): {base}"
     kept = [(v, c) for v, c in zip(p.now, p.conditions) if c]
     if kept:
-        text += "\nconditions (battery C before -> after, thermal status, idle, governors):"
+        text += "\nconditions (battery C before -> after, thermal status, idle, battery, governors, screen):"
         for v, c in kept:
             text += f"\n  {v:.2f}: {condition_text(c)}"
     return text
@@ -129,6 +130,16 @@ def _plots(q: QualificationReport) -> str:
              plots.baseline_vs_now(q.throughput)]
     svgs = [s for s in drawn if s]
     return f'<div class="plots">{"".join(svgs)}</div>' if svgs else '<p class="note">no plots: nothing measured</p>'
+
+
+def _trends(q: QualificationReport) -> str:
+    out = [f'<p class="note">{e(q.trends_of)}: per-run medians (min-max as a band), change points '
+           f'marked (ruptures PELT, each step checked by a Welch t-test and a 3 % minimum).</p>']
+    for t in q.trends:
+        moved = "; ".join(f"run {c.run_id}: {c.before:.1f} -> {c.after:.1f} ({c.delta:+.1%}, p {c.p_value:.1g})"
+                          for c in t.changes) or "no change point"
+        out.append(f"<h3>{e(t.label)}</h3><p>{t.runs} run(s); {e(moved)}</p>{t.svg or ''}")
+    return "\n".join(out)
 
 
 def _evidence(paths: list[str]) -> str:
@@ -216,6 +227,9 @@ def render_html(q: QualificationReport) -> str:
         parts.append(_plots(q))
     else:
         parts.append('<p class="note">no throughput measured in this run</p>')
+    if q.trends:
+        parts.append("<h2>Trends over history</h2>")
+        parts.append(_trends(q))
     parts.append("<h2>Correctness (SmartMask vs ShiftPointer, temperature 0)</h2>")
     parts.append(_correctness(q))
     parts.append("<h2>Devices</h2>")

@@ -61,6 +61,11 @@ def render_markdown(q: QualificationReport) -> str:
         why = sorted({f"{p.verdict}: {p.reason}" for p in q.throughput
                       if p.verdict in ("regressed", "inconclusive", "improved")})
         lines += [f"- {_md(w)}" for w in why[:12]] + ([""] if why else [])
+    if q.trends:
+        lines += ["## Trends over history", "", f"{_md(q.trends_of)} (the HTML report draws them)", ""]
+        lines += _table(["point", "runs", "change points"],
+                        [[t.label, t.runs, "; ".join(f"run {c.run_id}: {c.delta:+.1%}" for c in t.changes) or "-"]
+                         for t in q.trends])
     if q.correctness:
         lines += ["## Correctness (SmartMask vs ShiftPointer)", ""]
         lines += _table(["SoC", "test", "mode", "seq_len", "prompt", "outcome", "first divergence", "note"],

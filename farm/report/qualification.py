@@ -93,6 +93,10 @@ class QualificationReport:
     baseline: QualificationResults | None
     gate: GateResult
     notes: list[str] = field(default_factory=list)
+    # Each point's throughput over the history of runs of this purpose and bundle (farm/report/trends.py);
+    # empty when the run was not stored or no history was asked for.
+    trends: list = field(default_factory=list)
+    trends_of: str = ""  # which history: "the last N nightly runs of BUNDLE"
 
     @property
     def meta(self) -> dict[str, Any]:

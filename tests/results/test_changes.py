@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -77,3 +78,30 @@ def test_history_changes_from_the_store(tmp_path):
     assert text.exit_code == 0 and "-7." in text.output
     bad = CliRunner().invoke(main, ["history", "--plot", str(plots), "--url", url])
     assert bad.exit_code == 2 and "only with --changes" in bad.output
+
+
+def test_the_nightly_report_draws_each_points_trend_with_its_change_points(tmp_path):
+    """farm qualify's report of a nightly run (write_outputs with history_of): a "Trends over
+    history" section, one SVG per point, the change point named by its run; a store that cannot be
+    read costs the report nothing but the section."""
+    from farm.cli.report import history_of, write_outputs
+
+    url = f"sqlite:///{tmp_path / 'pool.db'}"
+    (tmp_path / "farm.toml").write_text(f'[pool]\nurl = "{url}"\n')
+    rng = random.Random(2)
+    with ResultsStore.open(url) as store:
+        for i in range(16):
+            level = 40.0 if i < 8 else 36.0
+            run = make_run(f"20250101-{i:06d}", started_at=f"2025-01-{1 + i:02d}T00:00:00+0000",
+                           tok_s=tuple(level * (1 + rng.gauss(0, 0.005)) for _ in range(5)))
+            store.save_run(run)
+    history = history_of(run, config_path=str(tmp_path / "farm.toml"))
+    assert history is not None and history[0] == "the last 16 nightly run(s) of stories_110m"
+    written = write_outputs(run, None, tmp_path / "report", ("markdown", "html"), history=history)
+    page = written.paths["html"].read_text()
+    assert "<h2>Trends over history</h2>" in page and page.count("<svg") >= 3  # the run's plots too
+    assert re.search(r"run 20250101-000008: 39\.\d -&gt; 35\.\d \(-10\.\d%", page)
+    assert "run 20250101-000008: -10.0%" in written.markdown
+    (tmp_path / "bad.toml").write_text('[pool]\nurl = "postgresql://nobody@127.0.0.1:1/none"\n')
+    assert history_of(run, config_path=str(tmp_path / "bad.toml")) is None
+    assert history_of(make_run(purpose="pr"), config_path=str(tmp_path / "farm.toml")) is None
