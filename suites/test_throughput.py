@@ -66,6 +66,20 @@ def _parametrize_baseline(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("baseline_point", points, ids=[f"{m}-{s}-{u}" for m, s, u in points])
 
 
+def _ready_to_measure(llm, farm) -> float | None:
+    """Cool the device (phones and simulated phones) and check the battery floor before a point;
+    returns the temperature limit it was cooled under (None: a host-timed virtual device)."""
+    device = llm.device
+    limit = farm.options.max_temp_c or (None if device.timing == Timing.HOST_CPU else PHONE_MAX_TEMP_C)
+    if limit is not None:
+        temp = device.wait_cool(limit, farm.options.cool_timeout_s)
+        llm.record("battery_temp_c", "unknown" if temp is None else f"{temp:.1f}")
+    start = device.conditions()
+    if start.battery_level is not None and start.battery_level < BATTERY_FLOOR_PCT:
+        raise DeviceLowBattery(device.serial, start.battery_level, BATTERY_FLOOR_PCT)
+    return limit
+
+
 def measure(llm, farm, thresholds: Thresholds, record_measurement, *, mode: str, seq_len: int,
             updater: str, threshold: float | None = None) -> list[float]:
     """The measured runs (warm-ups dropped), recorded raw with the conditions of each: one runner
@@ -79,13 +93,7 @@ def measure(llm, farm, thresholds: Thresholds, record_measurement, *, mode: str,
     throttling (thermal status MODERATE or above, before or after it) is re-taken after a cool-down,
     at most ``MAX_RETAKES`` times per point; a run kept throttled says so in its conditions."""
     device = llm.device
-    limit = farm.options.max_temp_c or (None if device.timing == Timing.HOST_CPU else PHONE_MAX_TEMP_C)
-    if limit is not None:
-        temp = device.wait_cool(limit, farm.options.cool_timeout_s)
-        llm.record("battery_temp_c", "unknown" if temp is None else f"{temp:.1f}")
-    start = device.conditions()
-    if start.battery_level is not None and start.battery_level < BATTERY_FLOOR_PCT:
-        raise DeviceLowBattery(device.serial, start.battery_level, BATTERY_FLOOR_PCT)
+    limit = _ready_to_measure(llm, farm)
     rates: list[float] = []
     kept: list[dict] = []
     retakes = 0
@@ -141,13 +149,7 @@ def ab_on_device(llm, farm, thresholds: Thresholds, record_measurement, a: Varia
     under the thresholds' [ab] design, ``warmup`` blocks dropped. Both variants' runs are recorded
     raw with their conditions, and the interval in the test's properties."""
     device = llm.device
-    limit = farm.options.max_temp_c or (None if device.timing == Timing.HOST_CPU else PHONE_MAX_TEMP_C)
-    if limit is not None:
-        temp = device.wait_cool(limit, farm.options.cool_timeout_s)
-        llm.record("battery_temp_c", "unknown" if temp is None else f"{temp:.1f}")
-    start = device.conditions()
-    if start.battery_level is not None and start.battery_level < BATTERY_FLOOR_PCT:
-        raise DeviceLowBattery(device.serial, start.battery_level, BATTERY_FLOOR_PCT)
+    _ready_to_measure(llm, farm)
     seed = random.randrange(2**32)
     got = sample_blocks([device.adb], a, b, thresholds.ab, seed=seed, run_timeout_s=llm.timeout_s,
                         warmup=thresholds.warmup, **({} if decided is None else {"decided": decided}))
