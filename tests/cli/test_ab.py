@@ -48,6 +48,33 @@ def test_smartmask_against_shiftpointer_on_the_same_phones(phones, tiny_bundle):
         assert s["temp_after_c"] is not None and s["thermal_status"] is not None
 
 
+@pytest.fixture(scope="module")
+def kv4096_bundle():
+    """tiny with a KV cache of 4096: the regime of upstream's SM8650 claim (a run's cost follows the
+    static cache's length, so 256 generated tokens measure it)."""
+    from dataclasses import replace
+
+    from farm.bundle.export import export_config, resolve_config
+
+    return export_config(replace(resolve_config("tiny"), name="tiny-kv4096", max_seq_len=4096))
+
+
+def test_smartmask_against_shiftpointer_at_kv_4096_on_simulated_sm8650s(phones, kv4096_bundle):
+    """The seed's claim as an A/B with an interval: SmartMask 47 against ShiftPointer 40 tok/s on a
+    simulated SM8650 at kv 4096 (the data file's published figures), a ratio of ~1.17."""
+    _, _, config = phones
+    ran = _ab(config, str(kv4096_bundle), "--devices", "2", "--a-updater", "ShiftPointer",
+              "--b-updater", "SmartMask", "--seq-len", "256")
+    assert ran.exit_code == 0, ran.output
+    out = json.loads(ran.output)
+    result = out["result"]
+    assert result["verdict"] == "faster" and out["simulated"] is True
+    assert 1.12 < result["ratio"] < 1.22, result  # 47 / 40 = 1.175, prefill and noise aside
+    assert 1.0 < result["low"] <= result["ratio"] <= result["high"] < 1.3, result
+    assert "hybrid/ShiftPointer seq_len 256" in out["a"] and "hybrid/SmartMask" in out["b"]
+    assert set(out["governor_pinning"].values()) == {"not pinned: the shell is not root (uid 2000)"}
+
+
 def test_a_five_percent_slowdown_is_caught_and_fails_the_gate(phones, tiny_bundle):
     vf, records, config = phones
     for r in records:
