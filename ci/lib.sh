@@ -6,7 +6,8 @@
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 bad_usage() { echo "$me: $*" >&2; echo "usage: $me [--virtual] [--out DIR] [--bundle MANIFEST]" \
-  "[--baseline NAME] [--baseline-bundle MANIFEST] [--min-effect PCT] [--inconclusive pass|fail] [--config FILE] [SOC...]" \
+  "[--baseline NAME] [--baseline-bundle MANIFEST] [--min-effect PCT] [--inconclusive pass|fail] [--config FILE]" \
+  "[--shard K/N [--group ID] [--shard-by soc|test]] [SOC...]" \
   "[-- PYTEST_ARGS]  ($me --help)" >&2; exit 2; }
 
 # Sets virtual, out, bundle, baseline, baseline_bundle, socs, passthrough (options farm qualify takes as they are) and
@@ -19,7 +20,7 @@ parse_options() {
     case "$1" in
       -h|--help) usage; exit 0 ;;
       --virtual) virtual=1 ;;
-      --out|--bundle|--baseline|--baseline-bundle|--config|--min-effect|--inconclusive)
+      --out|--bundle|--baseline|--baseline-bundle|--config|--min-effect|--inconclusive|--shard|--group|--shard-by)
         if [ "$#" -lt 2 ] || [ -z "$2" ]; then bad_usage "$1 needs a value"; fi
         case "$1" in
           --out) out=$2 ;; --bundle) bundle=$2 ;; --baseline) baseline=$2 ;;
@@ -30,13 +31,23 @@ parse_options() {
       --bundle=*) bundle=${1#*=} ;;
       --baseline=*) baseline=${1#*=} ;;
       --baseline-bundle=*) baseline_bundle=${1#*=} ;;
-      --config=*|--min-effect=*|--inconclusive=*) passthrough+=("$1") ;;
+      --config=*|--min-effect=*|--inconclusive=*|--shard=*|--group=*|--shard-by=*) passthrough+=("$1") ;;
       --) shift; pytest_args=("$@"); break ;;
       -*) bad_usage "unknown option $1" ;;
       *) socs+=("$1") ;;
     esac
     shift
   done
+  # A shard of a CI matrix: its group is the workflow run (every job of one run shares it, a re-run
+  # attempt is a group of its own) unless --group says otherwise.
+  local arg sharded=0 grouped=0
+  for arg in ${passthrough[@]+"${passthrough[@]}"}; do
+    case "$arg" in --shard|--shard=*) sharded=1 ;; --group|--group=*) grouped=1 ;; esac
+  done
+  if [ "$sharded" = 1 ] && [ "$grouped" = 0 ]; then
+    [ -n "${GITHUB_RUN_ID:-}" ] || bad_usage "--shard needs --group ID (the id every shard of the run shares)"
+    passthrough+=(--group "$GITHUB_RUN_ID-${GITHUB_RUN_ATTEMPT:-1}")
+  fi
 }
 
 # A SoC name; SOC:N (N virtual devices) with --virtual.

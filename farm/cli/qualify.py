@@ -16,10 +16,9 @@ import click
 import pluggy
 
 from farm.cli.report import (
+    default_baseline,
     gate_options,
     history_of,
-    latest_baseline,
-    load_baseline,
     load_run,
     parse_percent,
     write_outputs,
@@ -83,10 +82,19 @@ def _device_count(virtual: tuple[str, ...], socs: tuple[str, ...], config_path: 
               help="a baseline bundle (the main branch's build) to A/B the bundle against on the same "
                    "devices: the throughput suite's test_against_baseline_bundle fails when the bundle "
                    "is slower")
+@click.option("--shard", "shard", metavar="K/N", default=None,
+              help="run shard K of N of the selected tests (a SoC's tests stay in one shard unless "
+                   "--shard-by test); every shard of the run takes the same --group, and `farm report "
+                   "merge` makes them one run")
+@click.option("--group", "group_id", metavar="ID", default=None,
+              help="the id the shards of one run share (a CI run's id); the merged run is group-ID")
+@click.option("--shard-by", "shard_by", type=click.Choice(["soc", "test"]), default=None,
+              help="how shards split the tests [default: soc]")
 @gate_options
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 def qualify(virtual_socs, virtual_timing, manifest, model_config, socs, workers, priority, retries, out_dir,
-            config_path, purpose, baseline_name, ab_baseline, min_effect, inconclusive, pytest_args) -> None:
+            config_path, purpose, baseline_name, ab_baseline, shard, group_id, shard_by, min_effect,
+            inconclusive, pytest_args) -> None:
     """Qualify a bundle with the farm's suites (smoke, correctness, throughput) on every SoC, and
     write the release qualification report (report.html, report.md) beside the JUnit files.
 
@@ -104,6 +112,14 @@ def qualify(virtual_socs, virtual_timing, manifest, model_config, socs, workers,
     if workers is not None and workers < 0:
         raise UsageError(f"--workers: must be >= 0, got {workers}")
     effect = parse_percent(min_effect)  # bad input first, before any export or device
+    sharding: list[str] = []
+    if shard is not None:
+        from farm.results.shards import parse_shard
+
+        spec = parse_shard(shard, group_id, shard_by, flag="--shard")
+        sharding = ["--farm-shard", spec.label, "--farm-group", spec.group, "--farm-shard-by", spec.by]
+    elif group_id is not None or shard_by is not None:
+        raise UsageError("--group and --shard-by are for a shard's run: give --shard K/N")
     if manifest is None:
         from farm.bundle.export import export_bundle
 
@@ -113,7 +129,7 @@ def qualify(virtual_socs, virtual_timing, manifest, model_config, socs, workers,
     bundle = load(manifest)  # bad input first, before any device is counted or started
     if ab_baseline is not None:
         load(ab_baseline)
-    baseline = _baseline(baseline_name, purpose, bundle.name, config_path)
+    baseline = default_baseline(baseline_name, purpose, bundle.name, config_path, who="farm qualify")
     out = Path(out_dir) if out_dir else Path("reports") / f"qualify-{time.strftime('%Y%m%d-%H%M%S')}"
     # The report directory before any device is counted, started or leased (bad input: exit 2), and
     # held for the whole command: the plugin's run, then report.html and report.md (the plugin takes
@@ -122,7 +138,7 @@ def qualify(virtual_socs, virtual_timing, manifest, model_config, socs, workers,
     check_out_dir(out, make_parents=out_dir is None)
     with lock_out_dir(out):
         _qualify(out, virtual_socs, manifest, socs, workers, priority, retries, config_path, purpose,
-                 baseline, effect, inconclusive, pytest_args, ab_baseline, virtual_timing)
+                 baseline, effect, inconclusive, [*sharding, *pytest_args], ab_baseline, virtual_timing)
 
 
 def _qualify(out, virtual_socs, manifest, socs, workers, priority, retries, config_path, purpose,
@@ -203,20 +219,6 @@ def unrelated_plugin_args() -> list[str]:
 
     installed = {ep.name for ep in entry_points(group="pytest11")}
     return [arg for name in UNRELATED_PLUGINS if name in installed for arg in ("-p", f"no:{name}")]
-
-
-def _baseline(name: str | None, purpose: str, bundle: str, config_path: str | None):
-    """The run the gate compares with: ``--baseline`` (a name, run id or report), else for release and
-    nightly runs the latest named baseline of the bundle; None for no gate."""
-    if name is not None:
-        return None if name == "none" else load_baseline(name, config_path=config_path, what="--baseline")
-    if purpose in ("release", "nightly"):
-        found = latest_baseline(bundle, config_path=config_path)
-        if found is None:
-            click.echo(f"farm qualify: no named baseline for bundle {bundle!r}: throughput is checked "
-                       "against the thresholds only", err=True)
-        return found
-    return None
 
 
 def exit_code(pytest_code: int, results: Path) -> int:

@@ -129,6 +129,21 @@ def latest_baseline(bundle: str, *, config_path: str | None = None) -> Qualifica
     return run
 
 
+def default_baseline(name: str | None, purpose: str, bundle: str, config_path: str | None, *,
+                     who: str = "farm") -> QualificationResults | None:
+    """The run the gate compares with: ``--baseline`` (a name, run id or report), else for release and
+    nightly runs the latest named baseline of the bundle; None for no gate."""
+    if name is not None:
+        return None if name == "none" else load_baseline(name, config_path=config_path, what="--baseline")
+    if purpose in ("release", "nightly"):
+        found = latest_baseline(bundle, config_path=config_path)
+        if found is None:
+            click.echo(f"{who}: no named baseline for bundle {bundle!r}: throughput is checked "
+                       "against the thresholds only", err=True)
+        return found
+    return None
+
+
 # -- writing ------------------------------------------------------------------------------------------
 
 @dataclass
@@ -295,3 +310,128 @@ def recover(out_dir: str, config_path: str | None, store_url: str | None, run_id
         click.echo(f"farm report recover: run {run.meta.get('run_id', '?')} not saved to the results "
                    f"store: {e} (the report in {written} is complete)", err=True)
         sys.exit(for_error(e))
+
+
+@report.command("merge")
+@click.argument("sources", nargs=-1, metavar="[DIR|RESULTS.JSON|RUN]...")
+@click.option("--group", "group_id", metavar="ID", default=None,
+              help="take the group's shard runs from the results store too (the newest run of each "
+                   "shard not given as a SOURCE)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="report directory of the group run [default: reports/group-<ID>]")
+@click.option("--baseline", "baseline_name", metavar="NAME", default=None,
+              help="baseline for the regression gate: a name, stored run id, report directory or "
+                   "results.json [default for release/nightly: the latest named baseline of the "
+                   "bundle; 'none' for no gate]")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="farm config, for the results store [default: $PTEFARM_CONFIG or ./farm.toml]")
+@click.option("--results-url", "store_url", metavar="URL|none", default=None,
+              help="save the group run to this results store [default: the config's]; 'none' saves "
+                   "nothing")
+@gate_options
+def merge(sources: tuple[str, ...], group_id: str | None, out_dir: str | None, baseline_name: str | None,
+          config_path: str | None, store_url: str | None, min_effect: str, inconclusive: str) -> None:
+    """Merge the shard runs of one group (`farm qualify --shard K/N --group ID`) into one run: one
+    release report (report.html, report.md, junit/<device>.xml, summary.md, results.json,
+    benchmark-v3.json) with one verdict over every shard, stored as run group-ID. A shard that is
+    missing, or the tests a shard never reached, are infrastructure errors in it, named; shards of
+    different runs (bundle, revision, plan) or a test in two shards are refused.
+
+    Exit code: as farm qualify's, over the whole group (3 when a shard is missing and nothing
+    failed)."""
+    import shutil
+    import sys
+
+    from farm.exitcodes import ExitCode
+    from farm.report.directory import check_out_dir, lock_out_dir, write_reports
+    from farm.results.group import Shard, merge as merge_shards
+    from farm.results.shards import check_group_id
+
+    effect = parse_percent(min_effect)
+    if not sources and group_id is None:
+        raise UsageError("farm report merge: give the shards' report directories (or results.json, or "
+                         "stored run ids), or --group ID to take them from the results store")
+    if group_id is not None:
+        check_group_id(group_id, "--group")
+    shards = [Shard(source, load_run(source, config_path=config_path, what="SOURCE")) for source in sources]
+    if group_id is not None:
+        shards += _stored_shards(group_id, shards, config_path)
+    merged = merge_shards(shards)
+    meta = merged.run.meta
+    out = Path(out_dir) if out_dir else Path("reports") / meta["run_id"]
+    check_out_dir(out, make_parents=out_dir is None)
+    baseline = default_baseline(baseline_name, str(meta.get("purpose") or "adhoc"),
+                                str(meta.get("bundle_name") or ""), config_path, who="farm report merge")
+    with lock_out_dir(out, meta["run_id"]):
+        write_reports(merged.run.records, out, {**meta, "report_dir": str(out.absolute())})
+        for s in shards:  # each test's device evidence, under the same relative path as in its shard
+            where = Path(s.source)
+            evidence = (where if where.is_dir() else where.parent) / "evidence"
+            if where.exists() and evidence.is_dir():
+                shutil.copytree(evidence, out / "evidence", dirs_exist_ok=True)
+        merged.run = load_run(str(out))  # as written: meta completed (written_at, units)
+        stored = False
+        if store_url != "none":  # before the pages: the group run is then in the trends they draw
+            try:
+                with open_store_at(store_url, config_path) as store:
+                    store.save_run(merged.run)
+                    stored = True
+                    click.echo(f"results stored: run {meta['run_id']} in {store.where} (farm history)",
+                               err=True)
+            except FarmError as e:
+                click.echo(f"farm report merge: run {meta['run_id']} not saved to the results store: "
+                           f"{e} (the report in {out} is complete)", err=True)
+        history = history_of(merged.run, config_path=config_path) if stored and store_url is None else None
+        written = write_outputs(merged.run, baseline, out, ("markdown", "pytorch-benchmark-v3", "html"),
+                                min_effect=effect, inconclusive_fails=inconclusive == "fail",
+                                history=history)
+    group = meta["group"]
+    for s in group["shards"]:
+        click.echo(f"shard {s['shard']}/{group['of']}: run {s['run_id']} from {s['source']}: "
+                   f"{s['tests']} test(s), {s['verdict']}"
+                   + (f", {s['unfinished']} planned test(s) without a result" if s["unfinished"] else ""),
+                   err=True)
+    for i in merged.missing:
+        click.echo(f"farm report merge: shard {i}/{group['of']} of group {group['id']} is MISSING: its "
+                   f"{len(group['plan'][i - 1])} test(s) are infrastructure errors in the report", err=True)
+    code = written.exit_code
+    if store_url != "none" and not stored:
+        code = code or ExitCode.INFRA
+    for fmt, path in written.paths.items():
+        click.echo(f"{fmt}: {path}" if fmt != "html" else str(path))
+    if code:
+        click.echo(f"farm: {written.headline}", err=True)
+    sys.exit(code)
+
+
+def open_store_at(url: str | None, config_path: str | None) -> Any:
+    if url is None:
+        return open_store(config_path)
+    from farm.results.store import ResultsStore
+
+    return ResultsStore.open(url)
+
+
+def _stored_shards(group_id: str, given: list, config_path: str | None) -> list:
+    """The newest stored run of each shard of ``group_id`` that ``given`` lacks (a CI job re-run
+    leaves an older attempt behind: it is named, not merged)."""
+    from farm.results.group import Shard
+
+    have = {r.run.meta.get("run_id") for r in given}
+    have_shards = {str(r.run.meta.get("group", {}).get("shard")) for r in given}
+    picked: dict[str, Any] = {}
+    with open_store(config_path) as store:
+        for summary in store.list_runs(limit=None, group=group_id):  # newest first
+            if not summary.shard or summary.run_id in have:
+                continue
+            index = summary.shard.split("/")[0]
+            if index in have_shards:
+                continue
+            if index in picked:
+                click.echo(f"farm report merge: shard {summary.shard}: run {summary.run_id} left out, "
+                           f"run {picked[index].run.meta['run_id']} is newer", err=True)
+                continue
+            picked[index] = Shard(f"stored run {summary.run_id}", store.load_run(summary.run_id))
+    if not picked and not given:
+        raise UsageError(f"--group {group_id}: no shard run of that group in the results store")
+    return list(picked.values())

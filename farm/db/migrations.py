@@ -183,6 +183,12 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     # runs (JSON list); '' and '[]' for runs stored before.
     (6, ["ALTER TABLE measurements ADD COLUMN timing TEXT NOT NULL DEFAULT ''",
          "ALTER TABLE measurements ADD COLUMN conditions TEXT NOT NULL DEFAULT '[]'"]),
+    # Shards of a group run (farm.results.shards): the group's id on its shards and on the merged run,
+    # and "K/N" on a shard ('' on a whole run). History, trends and baselines read whole runs only:
+    # a shard's figures are in its group's merged run.
+    (7, ["ALTER TABLE runs ADD COLUMN run_group TEXT NOT NULL DEFAULT ''",
+         "ALTER TABLE runs ADD COLUMN shard TEXT NOT NULL DEFAULT ''",
+         "CREATE INDEX IF NOT EXISTS runs_by_group ON runs (run_group)"]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -326,7 +326,20 @@ def facts(q: QualificationReport) -> list[tuple[str, str]]:
          f"{base.get('run_id', '?')}" + (f" ({base['baseline_name']})" if base.get("baseline_name") else "")
          + f", bundle {base.get('bundle_name', '?')}"),
         ("tool version", str(m.get("tool_version") or "-")),
+        *((("shards", shards_line(m["group"])),) if isinstance(m.get("group"), dict) else ()),
     ]
+
+
+def shards_line(group: dict[str, Any]) -> str:
+    """A group run's shards: which ran (their runs and verdicts) and which are missing; a shard's own
+    run says which part of which group it is."""
+    if not group.get("merged"):
+        return f"shard {group.get('shard')}/{group.get('of')} of group {group.get('id')} (by {group.get('by')})"
+    parts = [f"{s['shard']}/{group['of']} run {s.get('run_id')} ({s.get('verdict')}"
+             + (f", {s['unfinished']} test(s) without a result" if s.get("unfinished") else "") + ")"
+             for s in group.get("shards", [])]
+    parts += [f"{i}/{group['of']} MISSING" for i in group.get("missing", [])]
+    return f"group {group.get('id')}: " + "; ".join(parts)
 
 
 def gate_line(q: QualificationReport) -> str:

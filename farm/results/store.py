@@ -87,6 +87,7 @@ class QualificationSummary:
     skipped: int
     devices: tuple[str, ...]  # "SoC serial", sorted
     baselines: tuple[str, ...]  # names pinned to this run
+    shard: str = ""  # "K/N" for a shard of a group run
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "devices": list(self.devices), "baselines": list(self.baselines)}
@@ -200,21 +201,23 @@ class ResultsStore:
             txn.run(
                 "INSERT INTO runs (run_id, purpose, git_revision, bundle_name, bundle_digest, "
                 "runner_dialect, started_at, ended_at, started, verdict, virtual, partial, "
-                "tool_version, schema_version, saved, meta) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "tool_version, schema_version, saved, meta, run_group, shard) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (run_id) DO UPDATE SET purpose = excluded.purpose, "
                 "git_revision = excluded.git_revision, bundle_name = excluded.bundle_name, "
                 "bundle_digest = excluded.bundle_digest, runner_dialect = excluded.runner_dialect, "
                 "started_at = excluded.started_at, ended_at = excluded.ended_at, "
                 "started = excluded.started, verdict = excluded.verdict, virtual = excluded.virtual, "
                 "partial = excluded.partial, tool_version = excluded.tool_version, "
-                "schema_version = excluded.schema_version, saved = excluded.saved, meta = excluded.meta",
+                "schema_version = excluded.schema_version, saved = excluded.saved, meta = excluded.meta, "
+                "run_group = excluded.run_group, shard = excluded.shard",
                 (run_id, meta.get("purpose", "adhoc"), str(meta.get("git_revision") or ""),
                  str(meta.get("bundle_name") or ""), str(meta.get("bundle_digest") or ""),
                  str(meta.get("runner_dialect") or ""), str(meta.get("started_at") or ""),
                  str(meta.get("ended_at") or ""), started, str(meta["verdict"]),
                  int(bool(meta.get("virtual"))), int(bool(meta.get("partial"))),
-                 str(meta.get("tool_version") or ""), RESULTS_SCHEMA_VERSION, txn.now, meta_json))
+                 str(meta.get("tool_version") or ""), RESULTS_SCHEMA_VERSION, txn.now, meta_json,
+                 *_group_columns(meta)))
             txn.run("DELETE FROM measurements WHERE run_id = ?", (run_id,))
             txn.run("DELETE FROM test_results WHERE run_id = ?", (run_id,))
             for row in rows:
@@ -234,8 +237,13 @@ class ResultsStore:
             raise UsageError(f"baseline name {name!r} must be 1-64 characters of letters, digits and "
                              f"_ . : + - (starting with a letter or digit)")
         with self.store.write() as txn:
-            if txn.one("SELECT run_id FROM runs WHERE run_id = ?", (run_id,)) is None:
+            row = txn.one("SELECT run_id, run_group, shard FROM runs WHERE run_id = ?", (run_id,))
+            if row is None:
                 raise UsageError(self._no_run(txn, run_id))
+            if row["shard"]:
+                raise UsageError(f"run {run_id} is shard {row['shard']} of group {row['run_group']}, "
+                                 f"not a whole run: name the merged run (farm report merge --group "
+                                 f"{row['run_group']}: run group-{row['run_group']})")
             old = txn.one("SELECT run_id FROM baselines WHERE name = ?", (name,))
             txn.run("INSERT INTO baselines (name, run_id, created, created_by) VALUES (?, ?, ?, ?) "
                     "ON CONFLICT (name) DO UPDATE SET run_id = excluded.run_id, "
@@ -297,13 +305,21 @@ class ResultsStore:
         return QualificationResults(meta=json.loads(row["meta"]), records=records)
 
     def list_runs(self, limit: int | None = 20, purpose: str | None = None,
-                  bundle: str | None = None, run_ids: Sequence[str] | None = None) -> list[QualificationSummary]:
-        """The latest runs first, optionally of one purpose, one bundle name, or these ids."""
+                  bundle: str | None = None, run_ids: Sequence[str] | None = None,
+                  group: str | None = None) -> list[QualificationSummary]:
+        """The latest runs first, optionally of one purpose, one bundle name, or these ids. Whole runs
+        only (a group's merged run, never its shards), unless ``group`` is given: then that group's
+        runs, its shards included."""
         if purpose is not None and purpose not in PURPOSES:
             raise UsageError(f"purpose {purpose!r} is not one of {', '.join(PURPOSES)}")
         if limit is not None and limit < 1:
             raise UsageError(f"limit must be >= 1, got {limit}")
         where, params = [], []
+        if group is not None:
+            where.append("run_group = ?")
+            params.append(group)
+        elif run_ids is None:
+            where.append("shard = ''")
         if purpose is not None:
             where.append("purpose = ?")
             params.append(purpose)
@@ -316,7 +332,7 @@ class ResultsStore:
             where.append(f"run_id IN ({', '.join('?' * len(run_ids))})")
             params.extend(run_ids)
         sql = ("SELECT run_id, started_at, purpose, bundle_name, bundle_digest, git_revision, verdict, "
-               "virtual, partial FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "")
+               "virtual, partial, shard FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "")
                + " ORDER BY started DESC, run_id DESC")
         if limit is not None:
             sql += " LIMIT ?"
@@ -345,7 +361,8 @@ class ResultsStore:
             partial=bool(r["partial"]), passed=counts[r["run_id"]].get("passed", 0),
             failed=counts[r["run_id"]].get("failed", 0), errors=counts[r["run_id"]].get("error", 0),
             skipped=counts[r["run_id"]].get("skipped", 0),
-            devices=tuple(sorted(devices[r["run_id"]])), baselines=tuple(names[r["run_id"]]))
+            devices=tuple(sorted(devices[r["run_id"]])), baselines=tuple(names[r["run_id"]]),
+            shard=r["shard"] or "")
             for r in runs]
 
     def point_series(self, *, purpose: str | None = "nightly", bundle: str | None = None,
@@ -403,7 +420,7 @@ class ResultsStore:
     def latest_baseline(self, bundle_name: str | None = None) -> tuple[Baseline, QualificationResults] | None:
         """The most recently named baseline (of a run of ``bundle_name``, when given), or None."""
         sql = ("SELECT b.* FROM baselines b JOIN runs r ON r.run_id = b.run_id"
-               + (" WHERE r.bundle_name = ?" if bundle_name is not None else "")
+               + " WHERE r.shard = ''" + (" AND r.bundle_name = ?" if bundle_name is not None else "")
                + " ORDER BY b.created DESC, b.name DESC LIMIT 1")
         with self.store.read() as txn:
             row = txn.one(sql, (bundle_name,) if bundle_name is not None else ())
@@ -411,6 +428,16 @@ class ResultsStore:
                 return None
             info = Baseline(row["name"], row["run_id"], row["created"], row["created_by"])
             return info, self._load(txn, info.run_id)
+
+
+def _group_columns(meta: dict[str, Any]) -> tuple[str, str]:
+    """(run_group, shard) of a run: a shard's group and "K/N", a merged run's group and ''."""
+    group = meta.get("group")
+    if not isinstance(group, dict) or not group.get("id"):
+        return "", ""
+    if group.get("merged"):
+        return str(group["id"]), ""
+    return str(group["id"]), f"{group.get('shard')}/{group.get('of')}"
 
 
 def _chunks(items: Sequence[str], n: int) -> Iterator[list[str]]:

@@ -23,10 +23,11 @@ from farm.vocab import ErrorKind, Outcome
 from tests.support.pool import REPO
 
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
-ENTRY_POINTS = [REPO / "ci" / "pr-gate.sh", REPO / "ci" / "nightly.sh"]
+ENTRY_POINTS = [REPO / "ci" / "pr-gate.sh", REPO / "ci" / "nightly.sh", REPO / "ci" / "merge.sh"]
 # Variables the scripts read: a test sets the ones it means, never inherits them.
 CI_VARS = ("GITHUB_STEP_SUMMARY", "PTEFARM_GATE_SOCS", "PTEFARM_GATE_CONFIG", "PTEFARM_PURPOSE",
-           "PTEFARM_BASELINE", "PTEFARM_BUNDLE", "PTEFARM_BASELINE_BUNDLE")
+           "PTEFARM_BASELINE", "PTEFARM_BUNDLE", "PTEFARM_BASELINE_BUNDLE", "GITHUB_RUN_ID",
+           "GITHUB_RUN_ATTEMPT")
 
 
 def _load_annotations():
@@ -77,18 +78,30 @@ def test_workflow_runs_the_scripts_on_farm_runners_and_publishes_each_test_once(
     triggers = wf[True]  # YAML 1.1 reads the key `on` as true
     assert {"pull_request", "schedule", "workflow_dispatch"} <= set(triggers)
     jobs = wf["jobs"]
-    assert set(jobs) == {"pr-gate", "nightly"}
+    assert set(jobs) == {"pr-gate", "nightly", "merge"}
+    script = {"pr-gate": "ci/pr-gate.sh", "nightly": "ci/nightly.sh", "merge": "ci/merge.sh"}
     for name, job in jobs.items():
         assert job["runs-on"] == ["self-hosted", "ptefarm"], name
         assert 0 < job["timeout-minutes"] <= 360, name
         assert job["concurrency"]["group"], name
         runs = " ".join(s.get("run", "") for s in job["steps"])
-        assert ("ci/pr-gate.sh" if name == "pr-gate" else "ci/nightly.sh") in runs
+        assert script[name] in runs
         uploads = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
         assert len(uploads) == 1 and uploads[0]["if"] == "always()", name
         junit = [s for s in job["steps"] if "publish-unit-test-result-action" in s.get("uses", "")]
+        if name == "nightly":  # a shard's tests are published once, by the merge's report
+            assert not junit
+            continue
         assert len(junit) == 1 and junit[0]["if"] == "always()", name
         assert junit[0]["with"]["files"] == "reports/**/junit/*.xml", name  # each test counted once
+    # The qualification is a matrix of shards that never cancel each other, merged by a job that runs
+    # whatever they did (a failed or missing shard is named in the merged report, never dropped).
+    nightly, merge = jobs["nightly"], jobs["merge"]
+    assert "matrix.shard" in " ".join(str(v) for v in nightly["steps"][-2]["env"].values())
+    assert nightly["strategy"]["fail-fast"] is False and "shard" in nightly["strategy"]["matrix"]
+    assert "--shard" in nightly["steps"][-2]["run"]
+    assert merge["needs"] == "nightly" and merge["if"].startswith("always()")
+    assert "--group" in merge["steps"][-3]["run"]
     assert "${{ github.event.pull_request.number }}" in jobs["pr-gate"]["concurrency"]["group"]
     assert "head.repo.full_name == github.repository" in jobs["pr-gate"]["if"]  # no fork code on the farm
     assert "secrets." not in text
@@ -124,6 +137,9 @@ def _script(name: str, *args: str, env: dict[str, str] | None = None, timeout: f
     ("nightly.sh", ["--baseline"], {}, "--baseline needs a value"),
     ("nightly.sh", [], {"PTEFARM_PURPOSE": "weekly"}, "PTEFARM_PURPOSE must be nightly or release"),
     ("nightly.sh", ["SM8650:2"], {}, "bad SoC 'SM8650:2'"),  # a count only for virtual devices
+    ("nightly.sh", ["--shard", "1/2"], {}, "--shard needs --group ID"),  # outside a CI run
+    ("merge.sh", ["shards/1"], {}, "--out DIR is required"),
+    ("merge.sh", ["--out", "r"], {}, "no shard"),
 ])
 def test_bad_usage_is_exit_2_before_any_set_up(name, args, env, needle):
     proc = _script(name, *args, env=_env(**env), timeout=60)
@@ -132,7 +148,7 @@ def test_bad_usage_is_exit_2_before_any_set_up(name, args, env, needle):
     assert "::error" not in proc.stdout  # nothing ran: nothing to annotate
 
 
-@pytest.mark.parametrize("name", ["pr-gate.sh", "nightly.sh"])
+@pytest.mark.parametrize("name", ["pr-gate.sh", "nightly.sh", "merge.sh"])
 def test_help_documents_the_exit_codes(name):
     proc = _script(name, "--help", timeout=60)
     assert proc.returncode == 0, proc.stderr
