@@ -7,7 +7,7 @@
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 bad_usage() { echo "$me: $*" >&2; echo "usage: $me [--virtual] [--out DIR] [--bundle MANIFEST]" \
   "[--baseline NAME] [--baseline-bundle MANIFEST] [--min-effect PCT] [--inconclusive pass|fail] [--config FILE]" \
-  "[--shard K/N [--group ID] [--shard-by soc|test]] [SOC...]" \
+  "[--shard K/N [--group ID] [--shard-by soc|test]] [--dist soc|each] [SOC...]" \
   "[-- PYTEST_ARGS]  ($me --help)" >&2; exit 2; }
 
 # Sets virtual, out, bundle, baseline, baseline_bundle, socs, passthrough (options farm qualify takes as they are) and
@@ -20,7 +20,7 @@ parse_options() {
     case "$1" in
       -h|--help) usage; exit 0 ;;
       --virtual) virtual=1 ;;
-      --out|--bundle|--baseline|--baseline-bundle|--config|--min-effect|--inconclusive|--shard|--group|--shard-by)
+      --out|--bundle|--baseline|--baseline-bundle|--config|--min-effect|--inconclusive|--shard|--group|--shard-by|--dist)
         if [ "$#" -lt 2 ] || [ -z "$2" ]; then bad_usage "$1 needs a value"; fi
         case "$1" in
           --out) out=$2 ;; --bundle) bundle=$2 ;; --baseline) baseline=$2 ;;
@@ -31,7 +31,7 @@ parse_options() {
       --bundle=*) bundle=${1#*=} ;;
       --baseline=*) baseline=${1#*=} ;;
       --baseline-bundle=*) baseline_bundle=${1#*=} ;;
-      --config=*|--min-effect=*|--inconclusive=*|--shard=*|--group=*|--shard-by=*) passthrough+=("$1") ;;
+      --config=*|--min-effect=*|--inconclusive=*|--shard=*|--group=*|--shard-by=*|--dist=*) passthrough+=("$1") ;;
       --) shift; pytest_args=("$@"); break ;;
       -*) bad_usage "unknown option $1" ;;
       *) socs+=("$1") ;;

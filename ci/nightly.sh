@@ -5,7 +5,7 @@
 #
 #   ci/nightly.sh [--virtual] [--out DIR] [--bundle MANIFEST] [--baseline NAME] [--min-effect PCT]
 #                 [--inconclusive pass|fail] [--config FILE] [--shard K/N [--group ID] [--shard-by soc|test]]
-#                 [SOC...] [-- PYTEST_ARGS]
+#                 [--dist soc|each] [SOC...] [-- PYTEST_ARGS]
 #
 # SoCs: the arguments, else every SoC the pool has. --virtual is a dry run on fresh virtual devices
 # (the arguments as SOC[:N], default SM8650:2 SM8550 SM8750) behind a private adb server and pool.
@@ -16,9 +16,10 @@
 # (infrastructure errors as warnings titled so) and appends report.md to $GITHUB_STEP_SUMMARY if set.
 # The last line is the HTML report's path. Environment: PTEFARM_PURPOSE (nightly, the default, or
 # release), PTEFARM_BUNDLE (a manifest, default the reference bundle farm exports), PTEFARM_BASELINE.
-# --config, --min-effect, --inconclusive, --shard, --group and --shard-by go to farm qualify as they
-# are. Paths are relative to the repository root. A CI matrix runs one shard per job (--shard K/N, the
-# group defaulting to $GITHUB_RUN_ID-$GITHUB_RUN_ATTEMPT) and a last job merges them into one release
+# --config, --min-effect, --inconclusive, --shard, --group, --shard-by and --dist go to farm qualify as
+# they are (--dist each: every test on every device of each SoC). Paths are relative to the repository
+# root. A CI matrix runs one shard per job (--shard K/N, the group defaulting to
+# $GITHUB_RUN_ID-$GITHUB_RUN_ATTEMPT) and a last job merges them into one release
 # report: `farm report merge --group ID` or `farm report merge SHARD_DIR...`.
 #
 # Exit code (farm/exitcodes.py): 0 qualified, 1 test failures, 2 bad usage, 3 infrastructure only,

@@ -230,12 +230,16 @@ class Farm:
     def inventory(self) -> dict[str, int]:
         """SoC -> devices that can take work now or soon (available or leased; not offline,
         quarantined or absent)."""
-        counts: dict[str, int] = {}
+        return {soc: len(serials) for soc, serials in self.units().items()}
+
+    def units(self) -> dict[str, list[str]]:
+        """SoC -> the serials of its devices that can take work now or soon, sorted."""
+        units: dict[str, list[str]] = {}
         for status in self.pool.status().devices:
             d = status.device
             if d.soc and d.present and d.state in (AVAILABLE, LEASED):
-                counts[d.soc] = counts.get(d.soc, 0) + 1
-        return dict(sorted(counts.items()))
+                units.setdefault(d.soc, []).append(d.serial)
+        return {soc: sorted(serials) for soc, serials in sorted(units.items())}
 
     def pick_socs(self, wanted: Sequence[str]) -> list[str]:
         """The SoCs a run covers: ``wanted`` (checked) or every SoC the pool can serve."""

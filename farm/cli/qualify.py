@@ -90,10 +90,14 @@ def _device_count(virtual: tuple[str, ...], socs: tuple[str, ...], config_path: 
               help="the id the shards of one run share (a CI run's id); the merged run is group-ID")
 @click.option("--shard-by", "shard_by", type=click.Choice(["soc", "test"]), default=None,
               help="how shards split the tests [default: soc]")
+@click.option("--dist", "dist", type=click.Choice(["soc", "each"]), default=None,
+              help="each: run every test on every device of each SoC (a bad unit is found; the report "
+                   "shows the spread of throughput across a SoC's units and flags an outlier) "
+                   "[default: soc, once per SoC]")
 @gate_options
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 def qualify(virtual_socs, virtual_timing, manifest, model_config, socs, workers, priority, retries, out_dir,
-            config_path, purpose, baseline_name, ab_baseline, shard, group_id, shard_by, min_effect,
+            config_path, purpose, baseline_name, ab_baseline, shard, group_id, shard_by, dist, min_effect,
             inconclusive, pytest_args) -> None:
     """Qualify a bundle with the farm's suites (smoke, correctness, throughput) on every SoC, and
     write the release qualification report (report.html, report.md) beside the JUnit files.
@@ -120,6 +124,8 @@ def qualify(virtual_socs, virtual_timing, manifest, model_config, socs, workers,
         sharding = ["--farm-shard", spec.label, "--farm-group", spec.group, "--farm-shard-by", spec.by]
     elif group_id is not None or shard_by is not None:
         raise UsageError("--group and --shard-by are for a shard's run: give --shard K/N")
+    if dist is not None:
+        sharding += ["--farm-dist", dist]
     if manifest is None:
         from farm.bundle.export import export_bundle
 

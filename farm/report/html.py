@@ -185,6 +185,31 @@ def _correctness(q: QualificationReport) -> str:
                   raw=True)
 
 
+def _units(q: QualificationReport) -> str:
+    """--farm-dist each: each point's figures per unit of its SoC, the outlier flagged; the tests whose
+    outcome differs between units."""
+    spreads, odd = q.unit_spreads, q.unit_outcomes
+    if not spreads and not odd:
+        return ""
+    out = ["<h2>Units of a SoC (every test on every device)</h2>"]
+    out += [f'<p class="note">{e(n)}</p>' for n in q.unit_notes]
+    if spreads:
+        rows = []
+        for p in spreads:
+            cells = "; ".join(
+                (f'<b class="failed">{e(f.serial)}: {f.median:.1f} ({f.delta:+.1%}) OUTLIER</b>' if f.outlier else
+                 e(f"{f.serial}: {f.median:.1f}" + ("" if f.delta is None else f" ({f.delta:+.1%})")))
+                for f in p.figures)
+            rows.append([td(p.soc), f'<td class="mono">{e(p.test)}</td>', td(p.updater), td(p.mode),
+                         td(p.seq_len, "num"), f"<td>{cells}</td>", td(f"{p.spread:.1%}", "num")])
+        out.append(_table(["SoC", "test", "updater", "mode", "seq_len", "units: median (off the others)",
+                           "spread"], rows, raw=True))
+    if odd:
+        out.append(_table(["SoC", "test", "outcome per unit"],
+                          [[u.soc, u.test, "; ".join(f"{s}: {o}" for s, o in u.outcomes.items())] for u in odd]))
+    return "".join(out)
+
+
 def render_html(q: QualificationReport) -> str:
     title, why = q.headline
     m = q.meta
@@ -227,6 +252,7 @@ def render_html(q: QualificationReport) -> str:
         parts.append(_plots(q))
     else:
         parts.append('<p class="note">no throughput measured in this run</p>')
+    parts.append(_units(q))
     if q.trends:
         parts.append("<h2>Trends over history</h2>")
         parts.append(_trends(q))

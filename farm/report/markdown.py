@@ -61,6 +61,19 @@ def render_markdown(q: QualificationReport) -> str:
         why = sorted({f"{p.verdict}: {p.reason}" for p in q.throughput
                       if p.verdict in ("regressed", "inconclusive", "improved")})
         lines += [f"- {_md(w)}" for w in why[:12]] + ([""] if why else [])
+    spreads, odd = q.unit_spreads, q.unit_outcomes
+    if spreads or odd:
+        lines += ["## Units of a SoC (every test on every device)", ""]
+        lines += [f"- {_md(n)}" for n in q.unit_notes] + ([""] if q.unit_notes else [])
+    if spreads:
+        lines += _table(["SoC", "test", "updater", "mode", "seq_len", "units (median)", "spread", "outlier"],
+                        [[p.soc, p.test, p.updater, p.mode, p.seq_len,
+                          "; ".join(f"{f.serial}: {f.median:.1f}" + ("" if f.delta is None else f" ({f.delta:+.1%})")
+                                    for f in p.figures),
+                          f"{p.spread:.1%}", ", ".join(f.serial for f in p.outliers) or "-"] for p in spreads])
+    if odd:
+        lines += _table(["SoC", "test", "outcome per unit"],
+                        [[u.soc, u.test, "; ".join(f"{s}: {o}" for s, o in u.outcomes.items())] for u in odd])
     if q.trends:
         lines += ["## Trends over history", "", f"{_md(q.trends_of)} (the HTML report draws them)", ""]
         lines += _table(["point", "runs", "change points"],

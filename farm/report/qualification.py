@@ -21,6 +21,7 @@ from typing import Any
 
 from farm.exitcodes import ExitCode
 from farm.results.gate import GateResult, GateVerdict, PointResult, evaluate, exit_code
+from farm.report.units import UnitOutcomes, UnitSpread, unit_outcomes, unit_spreads
 from farm.results.records import QualificationResults, TestRecord, verdict
 from farm.vocab import ErrorKind, Outcome, Timing
 
@@ -171,6 +172,30 @@ class QualificationReport:
     def manifest(self) -> list[ManifestFile]:
         return manifest_of(self.run)
 
+    # -- units of a SoC (--farm-dist each) ------------------------------------------------------
+    @property
+    def unit_spreads(self) -> list[UnitSpread]:
+        return unit_spreads(self.records, min_effect=self.gate.config.min_effect)
+
+    @property
+    def unit_outcomes(self) -> list[UnitOutcomes]:
+        return unit_outcomes(self.records)
+
+    @property
+    def unit_notes(self) -> list[str]:
+        """One line per outlier unit and per unit that failed where another of its SoC passed."""
+        notes = []
+        for p in self.unit_spreads:
+            for f in p.outliers:
+                notes.append(f"outlier unit {f.serial} of {p.soc}: {f.delta:+.1%} {p.metric} against the "
+                             f"median of its SoC's {len(p.figures)} units ({p.test}, {p.updater} "
+                             f"{p.mode} {p.seq_len})")
+        for u in self.unit_outcomes:
+            for serial in u.odd:
+                notes.append(f"unit {serial} of {u.soc}: {u.outcomes[serial]} on {u.test}, which passed on "
+                             f"{', '.join(s for s, o in u.outcomes.items() if o == Outcome.PASSED)}")
+        return notes
+
 
 def qualification_report(run: QualificationResults, baseline: QualificationResults | None = None, gate: GateResult | None = None,
                   **gate_config) -> QualificationReport:
@@ -196,9 +221,9 @@ def _param_id(record: TestRecord) -> str:
 def correctness_row(record: TestRecord) -> CorrectnessRow:
     props = record.properties
     mode, seq_len = props.get("mode", ""), props.get("seq_len", "")
-    # The point id is "<SoC>-<mode>-<case>[-<seq_len>]"; the suite records no case name of its own.
+    # The point id is "<SoC>[-<unit>]-<mode>-<case>[-<seq_len>]"; the suite records no case name of its own.
     case = props.get("case") or _param_id(record)
-    for prefix in (f"{record.soc}-", f"{mode}-"):
+    for prefix in (f"{record.soc}-", f"{props.get('unit', '')}-", f"{mode}-"):
         if prefix != "-" and case.startswith(prefix):
             case = case[len(prefix):]
     if seq_len and case.endswith(f"-{seq_len}"):
