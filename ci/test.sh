@@ -11,6 +11,16 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   echo "ci/test.sh: installing chromium (headless rendering of the HTML report) ..." >&2
   apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
 fi
+# The adb-over-SSH tests start an OpenSSH server of their own on 127.0.0.1 (Debian's openssh-server);
+# as root, sshd needs its privilege separation directory, which a service manager would make.
+if ! [ -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "ci/test.sh: installing openssh-server (the tests' SSH-reached adb server) ..." >&2
+  apt-get install -y -q openssh-server openssh-client >/dev/null \
+    || { apt-get update -q >/dev/null && apt-get install -y -q openssh-server openssh-client >/dev/null; }
+fi
+if [ -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && [ ! -d /run/sshd ]; then
+  mkdir -m 0755 /run/sshd
+fi
 export PTEFARM_TEST_PG_URL=${PTEFARM_TEST_PG_URL-postgresql://postgres@127.0.0.1:5432/test}
 # Tests never touch the user's farm state: their own home (bundle cache included, kept between runs).
 export PTEFARM_HOME=${PTEFARM_TEST_HOME:-$PWD/.farm/test-home}

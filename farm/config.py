@@ -10,6 +10,14 @@ farm runs on its own adb server on this host and an SQLite pool under the farm h
     host = "127.0.0.1"
     port = 15037                         # omitted: this home's own port (see home_adb_port)
 
+    [[adb_servers]]                      # a phones' host reached over SSH (farm.device.tunnel)
+    ssh = "farm@phones-3.lab"            # user@host; its adb server stays on its own loopback
+    ssh_port = 22
+    identity = "~/.ssh/ptefarm_ed25519"  # optional: the key (else ssh's defaults)
+    known_hosts = "~/.ssh/ptefarm_known_hosts"  # optional: host keys checked against this file
+    remote_port = 15037                  # its adb server's port there (default: DEFAULT_ADB_PORT)
+    local_port = 25037                   # optional: this host's end (default: derived from the target)
+
     [pool]
     url = "sqlite:///~/.ptefarm/pool.db" # or "postgresql://user@dbhost:5432/farm"
     lease_ttl_s = 300
@@ -219,6 +227,34 @@ class AdbServerAddress:
 
 
 @dataclass(frozen=True)
+class SshTunnelConfig:
+    """An ``[[adb_servers]]`` entry with ``ssh``: that host's adb server, reached through an OpenSSH
+    local forward on 127.0.0.1:``local_port`` (farm.device.tunnel)."""
+
+    target: str  # user@host
+    local_port: int
+    remote_port: int = 15037
+    remote_host: str = "127.0.0.1"
+    ssh_port: int = 22
+    identity: str | None = None
+    known_hosts: str | None = None
+
+
+SSH_TARGET = re.compile(r"(?:[A-Za-z0-9._][A-Za-z0-9._-]{0,63}@)?[A-Za-z0-9][A-Za-z0-9.-]{0,252}")
+TUNNEL_PORTS = (20000, 40000)  # where derived local ports fall: above the farm homes' own
+
+
+def tunnel_local_port(target: str, ssh_port: int, remote_port: int) -> int:
+    """The local end of a forward to ``target``'s adb server: the same on every host and in every
+    process, so the pool names the server one way (``127.0.0.1:<port>``)."""
+    import hashlib
+
+    low, high = TUNNEL_PORTS
+    digest = hashlib.sha256(f"{target}|{ssh_port}|{remote_port}".encode()).digest()
+    return low + int.from_bytes(digest[:4], "big") % (high - low)
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     """``[pool]``: where the pool is and how it leases. ``PoolConfig()`` is the defaults (the default
     pool URL is the farm home's SQLite file, as with no config file)."""
@@ -295,6 +331,7 @@ class FarmConfig:
     results: ResultsConfig = field(default_factory=ResultsConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     virtual: VirtualConfig = field(default_factory=VirtualConfig)
+    tunnels: tuple[SshTunnelConfig, ...] = ()  # the ssh entries of adb_servers, in order
 
     @property
     def device_tags(self) -> dict[str, tuple[str, ...]]:
@@ -304,7 +341,8 @@ class FarmConfig:
 
 _KNOWN = {
     "farm": {"home"},
-    "adb_servers": {"host", "port"},
+    "adb_servers": {"host", "port", "ssh", "ssh_port", "identity", "known_hosts", "remote_port",
+                    "local_port"},
     "pool": {"url", "lease_ttl_s", "acquire_timeout_s", "quarantine_after", "liveness_s",
              "retention_days"},
     "run": {"command_timeout_s", "workspace"},
@@ -397,6 +435,31 @@ def _get(table: dict, section: str, key: str, typ: type | tuple, default: Any, w
     return value
 
 
+def _tunnel(s: dict, label: str, loc: _Where) -> SshTunnelConfig:
+    if "host" in s or "port" in s:
+        key = "host" if "host" in s else "port"
+        raise UsageError(f"{loc(label + '.' + key)}: key '{label}.{key}' with '{label}.ssh': the "
+                         f"server is reached through the forward on this host (remote_port, local_port)")
+    target = _get(s, label, "ssh", str, "", loc, max_chars=MAX_HOST_CHARS)
+    if not SSH_TARGET.fullmatch(target):
+        raise UsageError(f"{loc(label + '.ssh')}: key '{label}.ssh' must be user@host or host "
+                         f"(letters, digits, . _ -), got {excerpt(target)}")
+    ports = {}
+    for key, default in (("ssh_port", 22), ("remote_port", DEFAULT_ADB_PORT), ("local_port", None)):
+        value = _get(s, label, key, int, default, loc, positive=True)
+        if value is not None and value > 65535:
+            raise UsageError(f"{loc(label + '.' + key)}: key '{label}.{key}' must be <= 65535, got {value}")
+        ports[key] = value
+    paths = {}
+    for key in ("identity", "known_hosts"):
+        value = _get(s, label, key, str, None, loc)
+        paths[key] = None if value is None else str(Path(value).expanduser())
+    local = ports["local_port"] or tunnel_local_port(target, ports["ssh_port"], ports["remote_port"])
+    return SshTunnelConfig(target=target, local_port=local, remote_port=ports["remote_port"],
+                           ssh_port=ports["ssh_port"], identity=paths["identity"],
+                           known_hosts=paths["known_hosts"])
+
+
 def _typename(typ: type | tuple) -> str:
     if isinstance(typ, tuple):
         return " or ".join(t.__name__ for t in typ)
@@ -452,11 +515,21 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
     if not isinstance(servers_raw, list) or not servers_raw:
         raise UsageError(f"{loc('adb_servers')}: 'adb_servers' must be a non-empty array of tables")
     servers = []
+    tunnels: list[SshTunnelConfig] = []
     for i, s in enumerate(servers_raw):
         label = f"adb_servers[{i}]"
         if not isinstance(s, dict):
             raise UsageError(f"{loc(label)}: '{label}' must be a table")
         _check_keys(s, "adb_servers", label, loc)
+        if "ssh" in s:
+            tunnel = _tunnel(s, label, loc)
+            tunnels.append(tunnel)
+            servers.append(AdbServerAddress("127.0.0.1", tunnel.local_port))
+            continue
+        for key in ("ssh_port", "identity", "known_hosts", "remote_port", "local_port"):
+            if key in s:
+                raise UsageError(f"{loc(label + '.' + key)}: key '{label}.{key}' is for an entry "
+                                 f"reached over SSH: give '{label}.ssh' (user@host)")
         host = _get(s, label, "host", str, "127.0.0.1", loc, max_chars=MAX_HOST_CHARS)
         if "port" in s or host not in LOCAL_HOSTS:
             port = _get(s, label, "port", int, DEFAULT_ADB_PORT, loc, positive=True)
@@ -511,7 +584,12 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
     results = ResultsConfig(retention_days=float(_get(
         results_t, "results", "retention_days", (int, float), DEFAULT_RESULTS_RETENTION_DAYS, loc,
         True)))
-    return FarmConfig(home=home, adb_servers=servers, pool=pool, run=run, source=source,
+    locals_ = [a.port for a in servers]
+    if len(set(locals_)) != len(locals_):
+        raise UsageError(f"{loc('adb_servers')}: two adb_servers entries end on one port of this host "
+                         f"({', '.join(str(p) for p in sorted(locals_) if locals_.count(p) > 1)}): give "
+                         f"each ssh entry its own local_port")
+    return FarmConfig(home=home, adb_servers=servers, tunnels=tuple(tunnels), pool=pool, run=run, source=source,
                       devices=devices, results=results, recovery=_recovery(raw.get("recovery", {}), loc),
                       virtual=_virtual(raw.get("virtual", {}), loc))
 

@@ -334,6 +334,15 @@ def refresh_configured(config: FarmConfig, pool: Pool) -> None:
         log.warning("refresh before leasing: %s", e)
 
 
+def open_tunnels(config: FarmConfig) -> None:
+    """The config's adb servers reached over SSH, forwarded to this host and supervised
+    (farm.device.tunnel); nothing without ssh entries."""
+    if config.tunnels:
+        from farm.device.tunnel import ensure_tunnels
+
+        ensure_tunnels(config.tunnels, log_dir=config.home / "tunnels")
+
+
 @contextlib.contextmanager
 def open_farm(config: FarmConfig, *, virtual: Sequence[tuple[str, int]] = (),
               workdir: Path | None = None, watch: bool = True) -> Iterator[Farm]:
@@ -359,6 +368,7 @@ def open_farm(config: FarmConfig, *, virtual: Sequence[tuple[str, int]] = (),
                                   servers=(str(vf.adb_server),), workspace=config.run.workspace,
                                   virtual=True)
         else:
+            open_tunnels(config)
             address = configured_address(config)
         # The configured settings either way; the config's device tags are for the configured pool
         # (a virtual run's devices are not the config's phones).

@@ -27,6 +27,7 @@ from farm.bundle import manifest as bundle_mod
 from farm.cli.options import config_option, farm_config, json_option
 from farm.cli.progress import console as cli_console
 from farm.config import FarmConfig, finite_seconds
+from farm.session import open_tunnels
 from farm.device.discovery import find_device, scan_server
 from farm.device.probe import Device, DeviceInfo
 from farm.errors import InfraError, LeaseError, PoolError, UsageError
@@ -76,6 +77,7 @@ def _device_row(d: DeviceInfo, with_server: bool) -> list[str]:
 def devices(as_json: bool) -> None:
     """List every device of every configured adb server with its attributes."""
     config = farm_config()
+    open_tunnels(config)
     scans = [scan_server(s, workspace_root=config.run.workspace) for s in config.adb_servers]
     if as_json:
         click.echo(json.dumps({
@@ -104,6 +106,7 @@ def devices(as_json: bool) -> None:
 
 
 def _open_device(config: FarmConfig, serial: str) -> Device:
+    open_tunnels(config)
     return find_device(config.adb_servers, serial, workspace_root=config.run.workspace)
 
 
