@@ -4,6 +4,7 @@
     python bench/bench_pool.py                       # 32 processes, 8 devices, 100 ms holds, both backends
     python bench/bench_pool.py --backends sqlite --seconds 5 --profile /tmp/prof
     python bench/bench_pool.py --backends postgres,postgres-flush   # WAL flush under / after the lock
+    python bench/bench_pool.py --scale               # 1,000 devices, 500 waiters (bench_pool_scale.py)
 
 Per backend, in one run on one machine, two phases of real processes (each opens its own Pool, as CI
 jobs do):
@@ -249,6 +250,11 @@ def postgres_url(base: str, schema: str) -> str:
 
 
 def main() -> int:
+    if "--scale" in sys.argv[1:]:  # the pool at farm scale: bench/bench_pool_scale.py
+        sys.path.insert(0, str(REPO / "bench"))
+        import bench_pool_scale
+
+        return bench_pool_scale.main()
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(json.loads(sys.argv[2]))
         return 0

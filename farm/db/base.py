@@ -54,8 +54,11 @@ class Txn:
         self._new_cursor = new_cursor
         self._placeholder = placeholder
         self._notify_channel = notify_channel
-        # Set when a device became available in this transaction: the pool then hands it out.
+        # Set when devices may newly satisfy waiters (attributes, tags, liveness changed): the pool
+        # then matches every available device against the queue. ``freed_serials``: the devices that
+        # became available in this transaction, which alone need matching when nothing else changed.
         self.freed = False
+        self.freed_serials: set[str] = set()
         # Queue ids granted a lease in this transaction, for the backend to wake after commit.
         self.woken: list[int] = []
 
@@ -143,6 +146,9 @@ class Store(ABC):
     def __init__(self, url: str):
         self.url = url
         self._lock = threading.Lock()  # guards the connection only; exclusion is the database's job
+        # Called after each write transaction with how long it held the pool lock (seconds): from
+        # the lock granted to the commit done. For measurements (bench/bench_pool_scale.py).
+        self.on_write_held: Callable[[float], None] | None = None
         # The identity (pool_meta.pool_id) of the pool this store opened, set by migrate(): every
         # later transaction checks that it still talks to that pool (PoolLost otherwise).
         self.pool_id: str | None = None

@@ -189,6 +189,12 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     (7, ["ALTER TABLE runs ADD COLUMN run_group TEXT NOT NULL DEFAULT ''",
          "ALTER TABLE runs ADD COLUMN shard TEXT NOT NULL DEFAULT ''",
          "CREATE INDEX IF NOT EXISTS runs_by_group ON runs (run_group)"]),
+    # A waiter's SoCs (",SM8650,SM8550," or '' for any) and serial beside its request's JSON, so that
+    # a released device is matched in SQL against the waiters that could want it, not by parsing the
+    # whole queue under the pool lock (farm.pool.leases.dispatch). NULL for rows queued before: read
+    # as "might want any device".
+    (8, ["ALTER TABLE queue ADD COLUMN match_socs TEXT",
+         "ALTER TABLE queue ADD COLUMN match_serial TEXT"]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

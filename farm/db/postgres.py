@@ -123,7 +123,9 @@ class PostgresStore(Store):
                 # Before the commit: a body that never read the clock is checked too (its result
                 # came back with the body's first read: no round trip of its own, but for a body
                 # that read nothing).
-                read_clock()
+                granted_at = read_clock() - self.clock_offset_s  # the server's clock, lock granted
+            if write and self.on_write_held is not None:
+                self.on_write_held(time.time() - granted_at)  # one host's clock: the server is local
             if self.flush_outside_lock:
                 self._make_durable(conn)
         except psycopg.errors.LockNotAvailable as e:

@@ -83,6 +83,8 @@ def sync(txn: Txn, infos: Iterable[DeviceInfo], servers: Iterable[str] | None,
         txn.run("UPDATE devices SET server = ?, soc = ?, htp_arch = ?, model = ?, virtual = ?, tags = ?, "
                 "attrs = ?, present = 1, last_seen = ? WHERE serial = ?",
                 (*attrs, txn.now, rec.serial))
+        if row["state"] == AVAILABLE:  # seen again: it may have been past the liveness bound
+            txn.freed_serials.add(rec.serial)
         if old_attrs[:6] != attrs[:6]:
             log_event(txn, EventKind.UPDATED, serial=rec.serial, detail=rec.describe())
             txn.freed = True  # new attributes may now satisfy a waiter
@@ -150,6 +152,8 @@ def touch(txn: Txn, serials: Iterable[str]) -> list[str]:
             need_sync.append(serial)
             continue
         txn.run("UPDATE devices SET last_seen = ? WHERE serial = ?", (txn.now, serial))
+        if row["state"] == AVAILABLE:  # it may have been past the liveness bound: match it again
+            txn.freed_serials.add(serial)
     return need_sync
 
 

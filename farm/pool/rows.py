@@ -92,7 +92,7 @@ def set_state(txn: Txn, serial: str, old: str, new: str, reason: str | None = No
         raise PoolError(f"device {serial}: cannot go from {old} to {new}: it is "
                         f"{row['state'] if row else 'not in the pool'}; nothing was changed")
     if new == AVAILABLE:
-        txn.freed = True
+        txn.freed_serials.add(serial)
 
 
 def has_live_lease(txn: Txn, serial: str) -> bool:

@@ -27,6 +27,8 @@ BENCHES = {
     "bench_orchestration.py": (["--tests", "4", "--sleep", "0.2", "--devices", "1,2"], {0}),
     "bench_pool.py": (["--procs", "4", "--devices", "2", "--seconds", "1.5", "--warmup", "0.3",
                        "--hold-ms", "20"], {0, 1}),  # 1: a target missed
+    "bench_pool_scale.py": (["--devices", "120", "--servers", "4", "--procs", "2", "--simulated", "30",
+                             "--seconds", "2", "--warmup", "0.5", "--hold-ms", "200"], {0, 1}),
     "bench_runner_startup.py": (["--repeats", "1"], {0}),
     "bench_runner_tokens.py": (["--configs", "tiny", "--modes", "kv", "--repeats", "1",
                                 "--tokens", "8"], {0, 1}),  # 1: per-token overhead over target
@@ -43,7 +45,7 @@ def test_every_benchmark_is_covered():
 def test_benchmark_runs_and_ends_with_its_summary(script, tmp_path):
     args, ok_codes = BENCHES[script]
     env = {**os.environ, "TMPDIR": str(tmp_path)}  # whatever a benchmark leaves behind stays here
-    if script == "bench_pool.py" and not os.environ.get("PTEFARM_TEST_PG_URL"):
+    if script.startswith("bench_pool") and not os.environ.get("PTEFARM_TEST_PG_URL"):
         args = [*args, "--backends", "sqlite"]
     proc = subprocess.run([sys.executable, "-P", str(REPO / "bench" / script), *args], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=580)

@@ -176,6 +176,8 @@ def test_a_pool_of_the_previous_schema_is_migrated_keeping_its_devices(pool_url)
             for table in ("baselines", "measurements", "test_results", "runs"):
                 txn.run(f"DROP TABLE {table}")
             txn.run("ALTER TABLE pool_meta DROP COLUMN pool_id")
+            for column in ("match_socs", "match_serial"):  # the queue's, added in 8
+                txn.run(f"ALTER TABLE queue DROP COLUMN {column}")
             txn.run("UPDATE pool_meta SET schema_version = 3 WHERE id = 1")
         note = getattr(pool.store, "id_note", None)  # SQLite: schema 3 wrote no identity beside it
         if note is not None:
