@@ -386,6 +386,22 @@ def file_digest(path: Path) -> str:
     return digest
 
 
+def cached_digest(path: Path, st: os.stat_result) -> str | None:
+    """The sha256 ``file_digest`` already took of ``path`` at the identity ``st`` (an ``os.stat`` of
+    it), or None: the file was not hashed in this process, or has changed since."""
+    with _digest_lock:
+        return _digest_cache.get(_identity(path, st))
+
+
+def remember_digest(path: Path, st: os.stat_result, digest: str, *, since_ns: int) -> None:
+    """Record ``digest`` as the content of ``path`` at identity ``st``, learned by reading the whole
+    file (a deploy hashing what it streams) from ``since_ns`` (``time.time_ns()``) on, with the file at
+    ``st`` before and after: cached only if it was settled then, as ``file_digest`` would."""
+    if max(st.st_mtime_ns, st.st_ctime_ns) < since_ns - RACY_NS:
+        with _digest_lock:
+            _digest_cache[_identity(path, st)] = digest
+
+
 def verify_bundle(bundle: Bundle) -> None:
     """Check every file of the bundle against the manifest: still inside the manifest's directory,
     a regular file, the manifest's size and sha256. ``UsageError`` names the file and, on a content

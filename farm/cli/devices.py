@@ -247,7 +247,9 @@ def deploy_cmd(manifest: str, serial: str, verify: str, lease_token: str | None,
 
     A device of the pool needs its lease: --lease TOKEN or $PTEFARM_LEASE (see 'farm pool exec')."""
     config = farm_config()
-    bundle = bundle_mod.load(manifest, verify=True)  # sizes, sha256, paths: before any device
+    # Sizes and paths now; the sha256 of every file it pushes as it pushes it (one read of a new
+    # bundle, not two): a corrupt file is refused at the end of its push, and nothing of it stays.
+    bundle = bundle_mod.load(manifest)
     with leased_device(config, _open_device(config, serial), lease_token, force) as device:
         report = _deploy_with_progress(device, bundle, verify,
                                        timeout=min(config.run.command_timeout_s, 120.0), quiet=as_json)
@@ -313,9 +315,7 @@ def run_cmd(manifest: str, serial: str, prompts: tuple[str, ...], system_prompt:
     if not math.isfinite(temperature):
         raise UsageError(f"--temperature: must be a finite number, got {temperature!r}")
     config = farm_config()
-    bundle = bundle_mod.load(manifest)
-    if not no_deploy:
-        bundle_mod.verify_bundle(bundle)  # a corrupt or changed file is refused before any device
+    bundle = bundle_mod.load(manifest)  # the deploy checks the sha256 of what it pushes (farm deploy)
     request = RunRequest(prompts=list(prompts), mode=mode, updater=updater,
                          system_prompt=system_prompt, seq_len=seq_len, temperature=temperature,
                          num_iters=num_iters, seed=seed)

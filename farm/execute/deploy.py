@@ -27,13 +27,15 @@ The record holds only digests the deploy knows for the bytes on the device: for 
 the device's ``sha256sum`` reported or the previous record's; for a pushed file the sha256 of the host
 file it streamed, from one of two places:
 
-- a file last changed over ``RACY_NS`` (a second) before the deploy is hashed on a worker thread while
-  it is pushed (``farm.bundle.manifest.file_digest``: free when the bundle was verified in this process, as
-  ``farm deploy`` and the plugin do), and the digest counts only if the file's identity (size, mtime,
-  ctime, inode) is the same before and after both the hash and the push: the bytes hashed are then the
-  bytes sent (the assumption the host digest cache already makes, as git's index does);
-- a file changed more recently ("racily clean": a write in the same clock tick would not move its
-  times) is hashed as it is streamed, in the push's own thread.
+- the digest a verify took in this process (``farm.bundle.manifest.cached_digest``: the plugin verifies
+  the bundle once before any lease), which counts only if the file's identity (size, mtime, ctime,
+  inode) is the one that verify hashed and is the same after the push: the bytes hashed are then the
+  bytes sent (the assumption the host digest cache makes, as git's index does, and only for a file
+  settled when it was hashed);
+- otherwise the bytes themselves, hashed as they are streamed: a reader thread per push reads the
+  file once, a block ahead of the push, and hashes what it hands over (``_Source``), so ``farm deploy``
+  verifies a new bundle in the same pass that pushes it instead of reading it twice; the digest then
+  serves the next device's push (``remember_digest``) if the file was settled and did not change.
 
 A host file whose bytes differ from the manifest's digest, or that changed during its push, is refused
 (``UsageError`` naming it and both digests), its partial file removed, and it is not recorded.
@@ -57,6 +59,7 @@ import json
 import logging
 import os
 import posixpath
+import queue
 import re
 import shlex
 import threading
@@ -67,7 +70,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from farm.bundle.manifest import RACY_NS, Bundle, BundleFile, check_workspace_name, file_digest
+from farm.bundle.manifest import (Bundle, BundleFile, cached_digest, check_workspace_name,
+                                  remember_digest)
 from farm.device.probe import parse_df, split_sections
 from farm.device.protocol import DeviceLike
 from farm.errors import AdbError, InfraError, UsageError
@@ -80,6 +84,8 @@ Verify = Literal["fast", "full"]
 VERIFY_LEVELS = ("fast", "full")
 
 IN_FLIGHT = 3  # files pushed at once: the small libraries go alongside the big .pte
+READ_BLOCK = 1 << 20  # a push that hashes reads its host file in blocks of this size ...
+READ_AHEAD = 4  # ... at most this many ahead of the push: 4 MiB per push in flight
 PUSH_MTIME_AGE_S = 2  # pushed files are dated this far in the past (see the module docstring)
 
 # Every shell command a deploy sends is at most this many bytes: a bundle of thousands of files is
@@ -120,22 +126,77 @@ class _Cancelled(Exception):
 
 class _Source:
     """A host file as ``device.push`` reads it (with ``readinto``, as DeviceLike.push promises: no
-    ``read``, which nothing would call): hashed as read when ``hashing``; a read after
-    ``cancel`` is set raises ``_Cancelled``, which ends the push (its stream closes, the device drops
-    the partial file)."""
+    ``read``, which nothing would call); a read after ``cancel`` is set raises ``_Cancelled``, which
+    ends the push (its stream closes, the device drops the partial file).
+
+    With ``hashing``, a thread of its own reads the file ahead of the push, ``READ_AHEAD`` blocks at
+    most, and hashes each block as it reads it: the file is read once, the digest is of the bytes the
+    push is given, and the hash (hashlib lets go of the GIL) runs while the push thread sends. A host
+    read error reaches the push as the ``OSError`` it was. ``close`` stops the reader; it must be
+    called before ``raw`` is closed."""
 
     def __init__(self, raw, cancel: threading.Event, *, hashing: bool):
         self.raw = raw
         self.cancel = cancel
         self.hash = hashlib.sha256() if hashing else None
+        self.exhausted = False  # a read returned the end of the file: the push took every byte
+        self._pending = memoryview(b"")
+        self._stop = threading.Event()
+        self._blocks: queue.Queue[bytes | BaseException] | None = None
+        self._reader: threading.Thread | None = None
+        if hashing:
+            self._blocks = queue.Queue(READ_AHEAD)
+
+    def _read_ahead(self) -> None:
+        try:
+            while not self._stop.is_set():
+                block = self.raw.read(READ_BLOCK)
+                if block:
+                    self.hash.update(block)
+                self._put(block)
+                if not block:
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the push's thread, raised there
+            self._put(e)
+
+    def _put(self, item: bytes | BaseException) -> None:
+        while not self._stop.is_set():
+            try:
+                self._blocks.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def readinto(self, buf) -> int:
         if self.cancel.is_set():
             raise _Cancelled
-        n = self.raw.readinto(buf)
-        if n and self.hash is not None:
-            self.hash.update(memoryview(buf)[:n])
-        return n or 0
+        if self._blocks is None:
+            n = self.raw.readinto(buf) or 0
+            self.exhausted = self.exhausted or n == 0
+            return n
+        if self.exhausted:
+            return 0
+        if not self._pending:
+            if self._reader is None:  # started by the push's first read, not before: the bytes
+                self._reader = threading.Thread(target=self._read_ahead, name="deploy-read",
+                                                daemon=True)  # read are those of the push's time
+                self._reader.start()
+            item = self._blocks.get()
+            if isinstance(item, BaseException):
+                raise item
+            if not item:
+                self.exhausted = True
+                return 0
+            self._pending = memoryview(item)
+        n = min(len(buf), len(self._pending))
+        buf[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._reader is not None:
+            self._reader.join()
 
 
 class _Progress:
@@ -158,13 +219,6 @@ class _Progress:
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-
-
-def _hash_settled(path) -> tuple[tuple, str, tuple]:
-    """(identity before, sha256, identity after) of a host file, on the hasher thread."""
-    before = _identity(os.stat(path))
-    digest = file_digest(path)
-    return before, digest, _identity(os.stat(path))
 
 
 @dataclass(frozen=True)
@@ -426,20 +480,12 @@ def _push_files(device: DeviceLike, bundle: Bundle, ws: str, files: list[BundleF
         return {}
     progress = _Progress(on_progress)
     cancel = threading.Event()
-    racy_after = time.time_ns() - RACY_NS
-    hasher = ThreadPoolExecutor(1, thread_name_prefix="deploy-hash")
     pushers = ThreadPoolExecutor(min(IN_FLIGHT, len(files)), thread_name_prefix="deploy-push")
     try:
         jobs: dict[Future[str], BundleFile] = {}
         for f in sorted(files, key=lambda f: f.size, reverse=True):
-            try:
-                st = os.stat(f.path)
-            except OSError as e:
-                raise UsageError(f"{_where(bundle)}: cannot read {f.path}: {e.strerror}") from None
-            settled = max(st.st_mtime_ns, st.st_ctime_ns) < racy_after
-            host_hash = hasher.submit(_hash_settled, f.path) if settled else None
             jobs[pushers.submit(_push_one, device, bundle, f, ws, need, mtime=mtime, timeout=timeout,
-                                progress=progress, cancel=cancel, host_hash=host_hash)] = f
+                                progress=progress, cancel=cancel)] = f
         return {jobs[job].name: job.result() for job in as_completed(jobs)}
     except BaseException:
         cancel.set()  # the running pushes stop at their next block ...
@@ -449,30 +495,38 @@ def _push_files(device: DeviceLike, bundle: Bundle, ws: str, files: list[BundleF
         raise
     finally:
         pushers.shutdown(wait=True, cancel_futures=True)
-        hasher.shutdown(wait=False, cancel_futures=True)  # a hash in progress only reads the host
 
 
 def _push_one(device: DeviceLike, bundle: Bundle, f: BundleFile, ws: str, need: int, *, mtime: int,
-              timeout: float, progress: _Progress, cancel: threading.Event,
-              host_hash: Future | None) -> str:
+              timeout: float, progress: _Progress, cancel: threading.Event) -> str:
     """Push one file to its partial name; the sha256 of the bytes sent (see the module docstring).
     A refused file's partial is removed by ``_push_files``, with those of the other pushes."""
     partial = posixpath.join(ws, f.name + PARTIAL_SUFFIX)
     mode = 0o755 if f.role == "runner" else 0o644
     try:
-        before = _identity(os.stat(f.path))
+        started = time.time_ns()
+        before = os.stat(f.path)
+        cached = cached_digest(f.path, before)  # a verify in this process hashed these very bytes
         with open(f.path, "rb") as raw:
-            src = _Source(raw, cancel, hashing=host_hash is None)
-            sent = device.push(src, partial, mode=mode, timeout=timeout,
-                               on_bytes=progress.for_file(f.name), mtime=mtime)
-        after = _identity(os.stat(f.path))
-        if host_hash is None:
-            digest = src.hash.hexdigest()
+            src = _Source(raw, cancel, hashing=cached is None)
+            try:
+                sent = device.push(src, partial, mode=mode, timeout=timeout,
+                                   on_bytes=progress.for_file(f.name), mtime=mtime)
+            finally:
+                src.close()
+        after = os.stat(f.path)
+        if _identity(before) != _identity(after):  # a build still writing it: not what to deploy
+            raise UsageError(f"{_where(bundle)}: {f.path} changed while it was pushed; "
+                             f"not deployed")
+        if cached is not None:
+            digest = cached
+        elif not src.exhausted:
+            raise UsageError(f"{_where(bundle)}: {f.path}: the push to device {device.serial} "
+                             f"ended after {sent} of its {f.size} bytes; not deployed")
         else:
-            hashed_from, digest, hashed_to = host_hash.result()
-            if not before == after == hashed_from == hashed_to:
-                raise UsageError(f"{_where(bundle)}: {f.path} changed while it was pushed; "
-                                 f"not deployed")
+            digest = src.hash.hexdigest()
+            if digest == f.sha256:  # the next device's push need not hash it again
+                remember_digest(f.path, after, digest, since_ns=started)
     except AdbError as e:
         if "space" not in str(e).lower():
             raise

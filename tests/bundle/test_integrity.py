@@ -215,17 +215,6 @@ def test_a_file_changed_within_the_same_clock_tick_is_not_trusted(tmp_path, monk
         verify_bundle(b)
 
 
-def test_cli_deploy_refuses_a_corrupt_bundle_before_looking_for_a_device(tmp_path):
-    manifest = make_qnn_bundle(tmp_path / "b")
-    _corrupt_in_place(manifest.parent / "kv.pte")
-    config = write(tmp_path / "farm.toml", '[[adb_servers]]\nhost = "127.0.0.1"\nport = 1\n')
-    for cmd in (["deploy", str(manifest), "--serial", "NOPE"],
-                ["run", str(manifest), "--serial", "NOPE", "--prompt", "x"]):
-        result = _farm(*cmd, "--config", str(config))
-        assert result.exit_code == 2, result.output
-        assert "manifest says" in result.output and "NOPE" not in result.output
-
-
 # -- deploy --------------------------------------------------------------------------------------
 
 
@@ -478,3 +467,35 @@ def test_equal_non_empty_outputs_agree_and_one_empty_side_does_not():
     partial = _comparison(generated_ids=[1])
     del partial.results[UPDATER_PAIR[0]]
     assert not partial.agree and "no result for" in partial.explain()
+
+
+@pytest.mark.parametrize("command", ["deploy", "run"])
+def test_cli_refuses_a_corrupt_bundle_in_the_push_and_leaves_nothing_of_it(device_farm, tmp_path,
+                                                                           command):
+    """``farm deploy`` and ``farm run`` check the sha256 of each file as they push it (one read of a
+    new bundle): a corrupt file is bad input (exit 2) naming the file and both digests, nothing of it
+    stays on the device, nothing runs, and the restored bundle then deploys."""
+    vf, rec = device_farm
+    manifest = make_qnn_bundle(tmp_path / "b", name=f"cli-corrupt-{command}")
+    pte = manifest.parent / "kv.pte"
+    good = _corrupt_in_place(pte)
+    config = write(tmp_path / "farm.toml", f'[[adb_servers]]\nhost = "127.0.0.1"\n'
+                                           f'port = {vf.adb_server.port}\n')
+    extra = ["--prompt", "x"] if command == "run" else []
+    result = _farm(command, str(manifest), "--serial", rec.serial, "--config", str(config), *extra)
+    assert result.exit_code == 2, result.output
+    assert str(pte) in result.output and "manifest says" in result.output
+    assert _sha(good) in result.output and _sha(pte.read_bytes()) in result.output
+    bundle = bundle_mod.load(manifest)
+    device = _device(vf, rec)
+    ws = _ws(vf, device, bundle)
+    wait_for_sync_sessions_to_end(vf, rec.serial)
+    assert not (ws / "kv.pte").exists()
+    assert not [p for p in ws.iterdir() if PARTIAL_SUFFIX in p.name]
+    assert not (ws / RECORD_NAME).exists() or "kv.pte" not in _record(ws)
+    assert not (ws / "outputs").exists() and not list(ws.glob("*.txt"))  # nothing ran
+
+    pte.write_bytes(good)
+    again = _farm("deploy", str(manifest), "--serial", rec.serial, "--config", str(config))
+    assert again.exit_code == 0, again.output
+    assert (ws / "kv.pte").read_bytes() == good

@@ -8,8 +8,9 @@ refusing whenever it cannot know:
   run after the deploy uses the new model, not the old one under the new one's name;
 - a device file as new as the record itself ("racily clean": changed in the second the record was
   written, which a 1-second mtime cannot show) is hashed, not trusted;
-- the host hash beside the push: a host file rewritten before, during or between its hash and its push
-  is refused, not recorded, also on a filesystem whose times tick once a second;
+- the digest a verify took, or the hash of the bytes as they are streamed: a host file rewritten
+  after its verify, before or during its push is refused, not recorded, also on a filesystem whose
+  times tick once a second;
 - a push that ends short without an error is not recorded as deployed.
 """
 
@@ -78,11 +79,13 @@ class HookedDevice(FakeDevice):
         return super().push(src, remote, **kwargs)
 
 
-@pytest.fixture(params=["hashed beside the push", "hashed as streamed"])
+@pytest.fixture(params=["digest of a verify", "hashed as streamed"])
 def digest_path(request, monkeypatch):
-    """Both ways a pushed file's digest is taken: a settled host file is hashed on the hasher thread
-    (RACY_NS 0 makes every file settled without waiting a second), a fresh one as it is streamed."""
-    monkeypatch.setattr(deploy_mod, "RACY_NS", 0 if request.param.endswith("push") else 10**18)
+    """Both ways a pushed file's digest is taken: the one a verify in this process took (RACY_NS 0:
+    every file is settled, so the digests make_bundle takes stay cached, as a verify leaves them), or
+    the bytes hashed as they are streamed (nothing cached)."""
+    monkeypatch.setattr(bundle_mod, "_digest_cache", {})
+    monkeypatch.setattr(bundle_mod, "RACY_NS", 0 if request.param == "digest of a verify" else 10**18)
     return request.param
 
 
@@ -153,17 +156,19 @@ def test_a_device_file_as_new_as_the_record_is_hashed_not_trusted(tmp_path):
 
 
 @pytest.mark.parametrize("keep_mtime", [False, True], ids=["new mtime", "mtime restored"])
-@pytest.mark.parametrize("when", ["as its hash ends", "while it waits for a push slot"])
-def test_a_host_file_rewritten_between_its_hash_and_its_push_is_refused(tmp_path, monkeypatch, when,
-                                                                        keep_mtime):
-    """The host hasher takes the files (biggest first) while the pushes wait for a free slot: a build
-    that rewrites a small library meanwhile (the moment its hash is done, or later) must not get its
-    new bytes deployed under the digest of the old ones; also when the writer restores the mtime (as
-    ``cp -p``, tar or ``rsync --inplace -t`` do), which leaves only the ctime to tell."""
-    monkeypatch.setattr(deploy_mod, "RACY_NS", 0)  # every file settled: hashed beside its push
+@pytest.mark.parametrize("when", ["after the verify", "while it waits for a push slot"])
+def test_a_host_file_rewritten_after_its_verify_is_refused(tmp_path, monkeypatch, when, keep_mtime):
+    """A verify in this process hashed every file and the pushes take those digests instead of
+    hashing again: a build that rewrites a small library after the verify (before the deploy, or
+    while the three big pushes hold every slot) must not get its new bytes deployed under the digest
+    of the old ones; also when the writer restores the mtime (as ``cp -p``, tar or ``rsync --inplace
+    -t`` do), which leaves only the ctime to tell."""
+    monkeypatch.setattr(bundle_mod, "RACY_NS", 0)  # every file settled: its verify digest is cached
     sizes = {"model.pte": 600_000, "libA.so": 500_000, "libB.so": 400_000, "libsmall.so": 5_000}
     bundle = make_bundle(tmp_path / "b", "between", sizes)
+    bundle_mod.verify_bundle(bundle)
     small = tmp_path / "b" / "libsmall.so"
+    assert bundle_mod.cached_digest(small.resolve(), os.stat(small)) is not None
     rewritten = os.urandom(sizes["libsmall.so"])
     changed = threading.Event()
     lock = threading.Lock()
@@ -175,26 +180,15 @@ def test_a_host_file_rewritten_between_its_hash_and_its_push_is_refused(tmp_path
             os.utime(small, ns=(st.st_atime_ns, st.st_mtime_ns))
         changed.set()
 
-    if when == "as its hash ends":
-        real_sha256_file = bundle_mod.sha256_file
-
-        def hash_then_rewrite(path, *args):
-            digest = real_sha256_file(path, *args)
-            if Path(path).name == "libsmall.so" and not changed.is_set():
-                rewrite()
-            return digest
-
-        monkeypatch.setattr(bundle_mod, "sha256_file", hash_then_rewrite)
+    if when == "after the verify":
+        rewrite()
 
     def before_push(name):
         if name in ("libsmall.so", RECORD_NAME):
             return
-        if when == "as its hash ends":  # the three big pushes hold every slot until then
-            assert changed.wait(30), "libsmall.so was never hashed beside its push"
-            return
         with lock:  # the three big pushes hold every slot until the library is rewritten
             if not changed.is_set():
-                time.sleep(0.3)  # the single hasher thread is done with all four files by now
+                time.sleep(0.1)
                 rewrite()
 
     device = HookedDevice(tmp_path / "device", before_push)
@@ -211,7 +205,7 @@ def test_a_host_file_rewritten_as_its_push_begins_is_refused(tmp_path, digest_pa
 
     def before_push(name):
         if name == "model.pte":
-            time.sleep(0.2)  # any hash of the host file beside the push is done by now
+            time.sleep(0.2)  # the push has begun: it holds the identity it started with
             host.write_bytes(rewritten)
 
     device = HookedDevice(tmp_path / "device", before_push)
@@ -242,7 +236,7 @@ def test_a_host_file_rewritten_mid_push_is_refused(tmp_path, digest_path):
 def test_a_fresh_host_file_rewritten_unseen_by_its_timestamps_is_refused(tmp_path, monkeypatch):
     """On a filesystem with 1-second times, a file rewritten within the second of its last write keeps
     its size, times and inode: nothing but its bytes tells. A host file changed less than ``RACY_NS``
-    ago is therefore hashed as it is streamed, never trusted to be what a hash beside the push read."""
+    ago is therefore hashed as it is streamed, never trusted to be what a verify hashed."""
     coarse_timestamps(monkeypatch, tmp_path)
     for attempt in range(5):  # until the rewrite lands in the same second as the first write
         root = tmp_path / f"attempt-{attempt}"
@@ -255,7 +249,7 @@ def test_a_fresh_host_file_rewritten_unseen_by_its_timestamps_is_refused(tmp_pat
 
         def before_push(name, host=host, rewritten=rewritten, stamps=stamps):
             if name == "model.pte":
-                time.sleep(0.05)  # any hash of the host file beside the push is done by now
+                time.sleep(0.05)  # the push has begun, not yet read a byte
                 host.write_bytes(rewritten)
                 stamps.append(os.lstat(host).st_ctime_ns)
 

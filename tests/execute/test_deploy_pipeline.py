@@ -1,4 +1,4 @@
-"""Deploy's push pipeline (farm/deploy.py): several files in flight, host hashing beside the push.
+"""Deploy's push pipeline (farm/execute/deploy.py): several files in flight, host files hashed as streamed.
 
 - concurrent pushes leave exactly the manifest's bytes on the device, and the record their digests;
 - a file corrupted on the device is pushed again (a moved mtime in "fast", any change in "full");
@@ -6,7 +6,9 @@
 - an interrupted deploy (a failing push, Ctrl-C) stops the other pushes and leaves no file under its
   real name that was not there before, no partial file and no record vouching for anything;
 - the pushes in flight are bounded: at most ``IN_FLIGHT`` at once, and Python's memory peak of a
-  deploy does not grow with the bytes pushed.
+  deploy does not grow with the bytes pushed;
+- a new bundle is read once (hashed in the pass that pushes it), and a host read error is the
+  bundle's, not the device's.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from farm.bundle import manifest as bundle_mod
 from farm.device.discovery import find_device
 from farm.errors import AdbError, UsageError
 from farm.execute import deploy as deploy_mod
@@ -73,14 +76,13 @@ def _nothing_claims_completion(device, ws: Path, before: set[str]) -> None:
     assert names - before == set()
 
 
-@pytest.fixture(params=["hashed beside the push", "hashed as streamed"])
+@pytest.fixture(params=["digest of a verify", "hashed as streamed"])
 def digest_path(request, monkeypatch):
-    """Both ways a pushed file's digest is taken: a settled host file is hashed on the hasher thread
-    (RACY_NS 0 makes every file settled without waiting a second), a fresh one in the push itself."""
-    if request.param == "hashed beside the push":
-        monkeypatch.setattr(deploy_mod, "RACY_NS", 0)
-    else:
-        monkeypatch.setattr(deploy_mod, "RACY_NS", 10**18)
+    """Both ways a pushed file's digest is taken: the one a verify in this process took (RACY_NS 0:
+    every file is settled, so the digests make_bundle takes stay cached, as a verify leaves them), or
+    the bytes hashed as they are streamed (nothing cached)."""
+    monkeypatch.setattr(bundle_mod, "_digest_cache", {})
+    monkeypatch.setattr(bundle_mod, "RACY_NS", 0 if request.param == "digest of a verify" else 10**18)
     return request.param
 
 
@@ -109,7 +111,7 @@ class CountingDevice:
 
 
 def test_concurrent_pushes_leave_exactly_the_manifests_bytes(device, tmp_path, digest_path):
-    bundle = make_bundle(tmp_path / "b", f"concurrent-{len(digest_path)}", SIZES)
+    bundle = make_bundle(tmp_path / "b", f"concurrent-{digest_path.split()[0]}", SIZES)
     counting = CountingDevice(device)
     report = deploy(counting, bundle)
     assert counting.most > 1  # the files really were in flight together
@@ -143,7 +145,7 @@ def test_a_file_corrupted_on_the_device_is_pushed_again(device, tmp_path, verify
 
 
 def test_a_host_file_changed_while_pushed_is_refused(device, tmp_path, digest_path):
-    bundle = make_bundle(tmp_path / "b", f"changing-{len(digest_path)}", {"model.pte": 4 * MB})
+    bundle = make_bundle(tmp_path / "b", f"changing-{digest_path.split()[0]}", {"model.pte": 4 * MB})
     host = tmp_path / "b" / "model.pte"
     changed = threading.Event()
 
@@ -197,11 +199,9 @@ def test_an_interrupted_deploy_leaves_nothing_that_claims_to_be_complete(device,
 
 
 def test_pushes_in_flight_are_bounded_in_number_and_memory(device, tmp_path, monkeypatch):
-    monkeypatch.setattr(deploy_mod, "RACY_NS", 0)  # the hasher thread runs too
     sizes = {f"part{i}.pte": 8 * MB for i in range(8)}
     bundle = make_bundle(tmp_path / "b", "bounded", sizes)
-    from farm.bundle import manifest as bundle_mod
-    monkeypatch.setattr(bundle_mod, "_digest_cache", {})  # hash every byte again, beside the pushes
+    monkeypatch.setattr(bundle_mod, "_digest_cache", {})  # every byte hashed as it is streamed
     counting = CountingDevice(device)
     tracemalloc.start()
     try:
@@ -211,9 +211,71 @@ def test_pushes_in_flight_are_bounded_in_number_and_memory(device, tmp_path, mon
         tracemalloc.stop()
     assert report.bytes_pushed == 64 * MB
     assert counting.most == IN_FLIGHT
-    # A 1 MiB block per push in flight, a 1 MiB read of the hasher, and small change: far below the
-    # 64 MiB pushed (a pipeline that queued blocks without bound would hold most of them).
-    assert peak < (IN_FLIGHT + 1) * MB + 4 * MB, f"peak {peak / MB:.1f} MiB"
+    # Per push in flight: its ~1 MiB block, and the reader's blocks read ahead (the queue, the one
+    # being read, the one being handed over); and small change: far below the 64 MiB pushed (a
+    # pipeline that queued blocks without bound would hold most of them).
+    per_push = MB + (deploy_mod.READ_AHEAD + 2) * deploy_mod.READ_BLOCK
+    assert peak < IN_FLIGHT * per_push + 4 * MB, f"peak {peak / MB:.1f} MiB"
+
+
+def test_a_new_bundle_is_read_once_and_its_digests_serve_the_next_device(tmp_path, monkeypatch):
+    """Nothing cached (a bundle ``farm deploy`` meets for the first time): each file is hashed in the
+    pass that pushes it, never read for a hash of its own, and the digests learned (the files are
+    settled) let the push to a second device skip hashing; the bytes on both are the manifest's."""
+    monkeypatch.setattr(bundle_mod, "RACY_NS", 0)  # every file settled without waiting a second
+    bundle = make_bundle(tmp_path / "b", "read-once", SIZES)
+    monkeypatch.setattr(bundle_mod, "_digest_cache", {})
+    hashed_apart: list[str] = []
+    real = bundle_mod.sha256_file
+    monkeypatch.setattr(bundle_mod, "sha256_file", lambda path, *a: hashed_apart.append(path) or
+                        real(path, *a))
+    streamed: list[bool] = []
+    real_source = deploy_mod._Source
+
+    def source(raw, cancel, *, hashing):
+        streamed.append(hashing)
+        return real_source(raw, cancel, hashing=hashing)
+
+    monkeypatch.setattr(deploy_mod, "_Source", source)
+    first = FakeDevice(tmp_path / "first")
+    deploy(first, bundle)
+    assert hashed_apart == [] and streamed == [True] * len(SIZES)
+    for f in bundle.files:
+        assert bundle_mod.cached_digest(f.path, os.stat(f.path)) == f.sha256
+    streamed.clear()
+    second = FakeDevice(tmp_path / "second")
+    deploy(second, bundle)
+    assert hashed_apart == [] and streamed == [False] * len(SIZES)
+    for dev in (first, second):
+        ws = Path(bundle_workspace(dev, bundle))
+        for f in bundle.files:
+            assert _sha(ws / f.name) == f.sha256
+
+
+def test_a_host_read_error_in_the_read_ahead_is_the_bundles_error(tmp_path, monkeypatch):
+    """An I/O error while the reader thread reads ahead reaches the push as a UsageError naming the
+    host file (bad input, not the device's fault), and the partial file goes."""
+    bundle = make_bundle(tmp_path / "b", "eio", {"model.pte": 3 * MB})
+    monkeypatch.setattr(bundle_mod, "_digest_cache", {})
+    real_source = deploy_mod._Source
+
+    class Failing:
+        def __init__(self, raw):
+            self.raw, self.reads = raw, 0
+
+        def read(self, n):
+            self.reads += 1
+            if self.reads == 2:
+                raise OSError(5, "Input/output error")
+            return self.raw.read(n)
+
+    monkeypatch.setattr(deploy_mod, "_Source", lambda raw, cancel, *, hashing: real_source(
+        Failing(raw), cancel, hashing=hashing))
+    device = FakeDevice(tmp_path / "device")
+    with pytest.raises(UsageError, match=r"model\.pte: Input/output error"):
+        deploy(device, bundle)
+    ws = Path(bundle_workspace(device, bundle))
+    assert not [p for p in ws.iterdir() if PARTIAL_SUFFIX in p.name] and not (ws / "model.pte").exists()
 
 
 def test_on_progress_is_called_one_at_a_time_and_adds_up(tmp_path, monkeypatch):
