@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from farm.db.base import Store, redact_url
-from farm.db.postgres import PostgresStore
 from farm.db.sqlite import SqliteStore
 from farm.errors import UsageError
 
@@ -16,6 +15,8 @@ def open_store(url: str, *, connect_timeout_s: float = 10.0, lock_timeout_s: flo
     if scheme == "sqlite":
         store: Store = SqliteStore(url, lock_timeout_s=lock_timeout_s)
     elif scheme in ("postgresql", "postgres"):
+        from farm.db.postgres import PostgresStore  # psycopg: ~50 ms an xdist worker on SQLite skips
+
         store = PostgresStore(url, connect_timeout_s=connect_timeout_s, lock_timeout_s=lock_timeout_s)
     else:
         raise UsageError(f"pool url {redact_url(url)!r}: unknown scheme '{scheme}' "

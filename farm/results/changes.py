@@ -19,10 +19,12 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from farm.errors import UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Change", "PointSeries", "RunPoint", "find_changes"]
 
@@ -77,6 +79,8 @@ class Change:
 
 def noise_sigma(levels: np.ndarray) -> float:
     """Run-to-run noise of a series (log scale), robust to the steps themselves."""
+    import numpy as np  # here, not at the top: the store imports this module in every xdist worker
+
     if len(levels) < 3:
         return 0.0
     diffs = np.diff(levels)
@@ -87,6 +91,7 @@ def noise_sigma(levels: np.ndarray) -> float:
 def find_changes(series: PointSeries, *, alpha: float = 0.01, min_effect: float = 0.03,
                  floor_sigma: float = 0.002) -> list[Change]:
     """The changes in one point's series, oldest first (see the module)."""
+    import numpy as np
     import ruptures
     from scipy.stats import ttest_ind
 

@@ -139,8 +139,10 @@ def test_killed(device):
 
 def test_a_killed_runs_journal_outlives_the_next_run_and_is_recovered_apart(virtual_farm, tmp_path):
     virtual_farm.up([VirtualDeviceSpec(soc="SM8650")])
+    # The killed run's lease is reclaimed when its TTL runs out (nothing renews it): a short one, or
+    # the next run waits the default 300 s for the device.
     config = farm_toml(tmp_path / "farm.toml", virtual_farm.adb_server.port,
-                       f"sqlite:///{tmp_path / 'pool.db'}")
+                       f"sqlite:///{tmp_path / 'pool.db'}", lease_ttl_s=6)
     (tmp_path / "test_killed.py").write_text(KILLED)
     out = tmp_path / "out"
     args = ["test_killed.py", "-p", "no:xdist", "--farm-config", str(config), "--farm-bundle",
