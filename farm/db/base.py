@@ -82,6 +82,19 @@ class Txn:
         self._cur.execute(self._sql(sql), tuple(params))
         return [dict(r) for r in self._cur.fetchall()]
 
+    def rows(self, sql: str, params: tuple | list = ()) -> Iterator[dict[str, Any]]:
+        """The rows of one query, converted as they are consumed: for a search that stops at the
+        first row it wants, among hundreds (a cursor of its own: other statements may run between
+        its rows). Close it (``contextlib.closing``) when stopping early, before the next query."""
+        cur = self._new_cursor() if self._new_cursor is not None else self._cur.connection.cursor()
+        try:
+            cur.execute(self._sql(sql), tuple(params))
+            while batch := cur.fetchmany(32):
+                for row in batch:
+                    yield dict(row)
+        finally:
+            cur.close()
+
     def one(self, sql: str, params: tuple | list = ()) -> dict[str, Any] | None:
         rows = self.all(sql, params)
         return rows[0] if rows else None
