@@ -328,6 +328,11 @@ def refresh_configured(config: FarmConfig, pool: Pool) -> None:
     were not seen lately. A server that does not answer is left alone (taking its devices offline is
     `farm pool sync`'s business). Never raises for adb or the pool: the lease that follows reports what
     is wrong."""
+    for tunnel in config.tunnels:  # a server reached over SSH is listed through its forward
+        try:
+            open_tunnel_for(config, f"127.0.0.1:{tunnel.local_port}")
+        except InfraError as e:
+            log.warning("refresh before leasing: %s", e)
     try:
         Farm(address=configured_address(config), pool=pool).refresh(take_offline=False)
     except InfraError as e:
@@ -341,6 +346,21 @@ def open_tunnels(config: FarmConfig) -> None:
         from farm.device.tunnel import ensure_tunnels
 
         ensure_tunnels(config.tunnels, log_dir=config.home / "tunnels")
+
+
+def open_tunnel_for(config: FarmConfig, server: str) -> bool:
+    """The SSH forward behind adb server ``server`` ("127.0.0.1:PORT"), when the config reaches that
+    server over SSH: up (this process's, or another's on this host) and supervised while this
+    process runs, for a command about to talk to it. False: ``server`` is no forward of the config's.
+    Without it, an adb client would find nothing on the forward's port and start a local server of
+    its own there."""
+    wanted = [t for t in config.tunnels if f"127.0.0.1:{t.local_port}" == str(server)]
+    if not wanted:
+        return False
+    from farm.device.tunnel import ensure_tunnels
+
+    ensure_tunnels(wanted, log_dir=config.home / "tunnels")
+    return True
 
 
 @contextlib.contextmanager

@@ -119,6 +119,12 @@ def adb(server: str | None, print_env: bool, args: tuple[str, ...]) -> None:
     if not args:
         raise UsageError("farm adb: give adb arguments, e.g. 'farm adb devices -l' "
                          "('farm adb help' for adb's own help)")
+    # A server reached over SSH: its forward up first, or adb would start a server of its own on the
+    # forward's port. Ours is tied to this pid, which adb keeps: it ends when adb does.
+    if config.tunnels:
+        from farm.session import open_tunnel_for
+
+        open_tunnel_for(config, str(chosen))
     sys.stdout.flush()
     sys.stderr.flush()
     os.makedirs(extra["HOME"], exist_ok=True)  # adb writes its keys and log there

@@ -34,6 +34,7 @@ from farm.errors import AdbError, LeaseError, LeaseLost, PoolError, UsageError
 from farm.exitcodes import ExitCode
 from farm.pool import Event, Holder, Lease, LeaseRequest, Pool, PoolStatus
 from farm.pool.hold import hold
+from farm.session import open_tunnel_for
 from farm.vocab import EventKind
 
 T = TypeVar("T")
@@ -374,6 +375,7 @@ def exec_command(request: LeaseRequest, holder: Holder, ttl: float | None, timeo
             return ExitCode.INTERRUPTED
         run = _Exec(lease, command)
         with hold(lease, release=_release):
+            open_tunnel_for(config, lease.server)  # the command's adb talks to that server
             click.echo(f"farm: {_leased_line(lease)}; running {shlex.join(command)}", err=True)
             code = run.run()
     if run.lost is not None:

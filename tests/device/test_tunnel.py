@@ -101,6 +101,28 @@ def test_farm_devices_lists_the_phones_of_a_host_reached_over_ssh(tmp_path, sshd
     assert not _forwards(tunnel.local_port)  # the command's forward ended with it
 
 
+def test_farm_adb_and_pool_exec_open_the_forward_to_the_server_they_talk_to(tmp_path, sshd, remote):
+    """``farm adb`` (which becomes adb) and the command of ``farm pool exec`` talk to the SSH-reached
+    server through a forward they open: without it, adb would find nothing on the forward's port and
+    start a local server of its own there. Each forward ends with its command."""
+    config = _config(tmp_path, sshd, remote)
+    [tunnel] = load_config(config).tunnels
+    assert not _forwards(tunnel.local_port)
+    serials = sorted(d.process.serial for d in remote.ls())
+    proc = _farm("adb", "devices", config=config)
+    assert proc.returncode == 0, proc.stderr
+    listed = sorted(line.split("\t")[0] for line in proc.stdout.splitlines() if line.endswith("\tdevice"))
+    assert listed == serials
+    assert "daemon" not in proc.stdout + proc.stderr  # no local server started on the forward's port
+    assert psutil.wait_procs(_forwards(tunnel.local_port), timeout=10)[1] == []  # gone with adb
+
+    proc = _farm("pool", "exec", "--soc", "SM8650", "--", "sh", "-c",
+                 'adb shell getprop ro.soc.model', config=config)  # the farm's adb, first on PATH
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "SM8650"
+    assert psutil.wait_procs(_forwards(tunnel.local_port), timeout=10)[1] == []
+
+
 def test_a_host_key_that_is_not_known_is_an_infrastructure_error_naming_the_forward(tmp_path, sshd, remote):
     stranger = tmp_path / "other_known_hosts"
     stranger.write_text("")
