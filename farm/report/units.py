@@ -104,9 +104,12 @@ def unit_spreads(records: Sequence[TestRecord], *, min_effect: float = 0.05) -> 
 
 def _figures(by_unit: dict[str, list[float]], min_effect: float) -> list[UnitFigure]:
     medians = {s: statistics.median(v) for s, v in by_unit.items()}
-    # run-to-run noise within a unit, as the pooled sd of log samples (0 with single samples)
+    # Run-to-run noise within a unit: the sd of its log samples, the median over the units (0 with
+    # single samples). Not their mean: with a few runs a unit, one run that a background task slowed
+    # (a phone's heavy tail) makes its unit's variance many times the others', and the mean of them
+    # then hides a unit that is 10 % slow behind "3x the noise".
     variances = [statistics.variance([math.log(x) for x in v]) for v in by_unit.values() if len(v) > 1]
-    noise = math.sqrt(statistics.fmean(variances)) if variances else 0.0
+    noise = math.sqrt(statistics.median(variances)) if variances else 0.0
     # Against the median of all the SoC's units, which one odd unit cannot move (a leave-one-out
     # mean of the others can: with three units, the odd one drags the others' centre towards it).
     centre = statistics.median(medians.values())

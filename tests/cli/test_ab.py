@@ -87,7 +87,10 @@ def test_a_five_percent_slowdown_is_caught_and_fails_the_gate(phones, tiny_bundl
             vf.set_slowdowns(r.serial, ())
     assert ran.exit_code == 4, ran.output
     result = json.loads(ran.output)["result"]
-    assert result["verdict"] == "slower" and result["ratio"] == pytest.approx(0.95, abs=0.015)
+    # 0.95 within what a run of the tiny model resolves: its ~45 ms of decoding are timed in whole ms,
+    # so a 5 % slowdown reads as 2 or 3 ms (4.4-6.7 %) a run
+    assert result["verdict"] == "slower" and result["ratio"] == pytest.approx(0.95, abs=0.03)
+    assert result["low"] < 1.0 and result["high"] < 1.0
     # the same runs without the knob: identical variants are not called different
     assert same.exit_code == 0, same.output
     assert json.loads(same.output)["result"]["verdict"] in ("same", "undecided")
