@@ -328,11 +328,14 @@ def refresh_configured(config: FarmConfig, pool: Pool) -> None:
     were not seen lately. A server that does not answer is left alone (taking its devices offline is
     `farm pool sync`'s business). Never raises for adb or the pool: the lease that follows reports what
     is wrong."""
-    for tunnel in config.tunnels:  # a server reached over SSH is listed through its forward
-        try:
-            open_tunnel_for(config, f"127.0.0.1:{tunnel.local_port}")
-        except InfraError as e:
-            log.warning("refresh before leasing: %s", e)
+    if config.tunnels:
+        from farm.device.tunnel import ensure_tunnels
+
+        for tunnel in config.tunnels:  # a server reached over SSH is listed through its forward
+            try:
+                ensure_tunnels([tunnel], log_dir=config.home / "tunnels")
+            except InfraError as e:
+                log.warning("refresh before leasing: %s", e)
     try:
         Farm(address=configured_address(config), pool=pool).refresh(take_offline=False)
     except InfraError as e:

@@ -379,10 +379,8 @@ def file_digest(path: Path) -> str:
         return cached
     started = time.time_ns()
     digest = sha256_file(path)
-    settled = max(before.st_mtime_ns, before.st_ctime_ns) < started - RACY_NS
-    if settled and _identity(path, os.stat(path)) == key:
-        with _digest_lock:
-            _digest_cache[key] = digest
+    if _identity(path, os.stat(path)) == key:
+        remember_digest(path, before, digest, since_ns=started)
     return digest
 
 

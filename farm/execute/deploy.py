@@ -139,7 +139,7 @@ class _Source:
         self.raw = raw
         self.cancel = cancel
         self.hash = hashlib.sha256() if hashing else None
-        self.exhausted = False  # a read returned the end of the file: the push took every byte
+        self.exhausted = False  # (hashing) the push read to the end of the file: the hash is whole
         self._pending = memoryview(b"")
         self._stop = threading.Event()
         self._blocks: queue.Queue[bytes | BaseException] | None = None
@@ -170,10 +170,8 @@ class _Source:
     def readinto(self, buf) -> int:
         if self.cancel.is_set():
             raise _Cancelled
-        if self._blocks is None:
-            n = self.raw.readinto(buf) or 0
-            self.exhausted = self.exhausted or n == 0
-            return n
+        if self._blocks is None:  # a digest from a verify: nothing to hash, nothing to read ahead
+            return self.raw.readinto(buf) or 0
         if self.exhausted:
             return 0
         if not self._pending:
