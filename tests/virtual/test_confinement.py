@@ -122,13 +122,24 @@ def test_two_devices_cannot_see_each_others_files(two):
         assert _sh(vf, b, f"test -e {path}").returncode != 0
     # nor each other's processes: one pid namespace per device
     _sh(vf, a, "setsid sleep 4711 </dev/null >/dev/null 2>&1 &")
+    sleeper = _eventually(lambda: _host_pids(["sleep", "4711"]))  # forked, then exec'd a moment later
     assert "sleep 4711" in _sh(vf, a, "ps -A -o args").stdout
     assert "sleep 4711" not in _sh(vf, b, "ps -A -o args").stdout
-    sleeper = [p.pid for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "4711"]]
     assert sleeper and set(sleeper) <= set(vf.processes(a.serial))  # the host can tell whose it is
     assert not set(vf.processes(a.serial)) & set(vf.processes(b.serial))
     _sh(vf, a, "pkill -f 'sleep 4711'")
     assert vf.client().device(b.serial).sync.exists(f"/data/local/tmp/{marker}") is False
+
+
+def _host_pids(cmdline: list[str]) -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == cmdline]
+
+
+def _eventually(probe, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not (found := probe()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
 
 
 def test_a_killed_device_leaves_no_process_behind(virtual_farm):
@@ -137,9 +148,10 @@ def test_a_killed_device_leaves_no_process_behind(virtual_farm):
     device.shell2("setsid sleep 4242 </dev/null >/dev/null 2>&1 &", v2=True, timeout=10)
 
     def sleepers() -> list[int]:
-        return [p.pid for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "4242"]]
+        return _host_pids(["sleep", "4242"])
 
-    assert sleepers()
+    # The shell returns once it has forked: the child becomes `sleep` a moment later on a loaded host.
+    assert _eventually(sleepers)
     virtual_farm.kill(dev.serial)  # SIGKILL: the namespaces end with it, and all inside
     deadline = time.monotonic() + 10
     while sleepers() and time.monotonic() < deadline:
