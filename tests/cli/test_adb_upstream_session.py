@@ -123,6 +123,10 @@ def test_adb_reboot_keeps_storage_and_ends_the_previous_boot(phone, tmp_path):
     (tmp_path / "keep").write_bytes(b"kept across reboot")
     adb(vf, dev.serial, "push", str(tmp_path / "keep"), "/data/local/tmp/keep")
     adb(vf, dev.serial, "shell", "setsid sleep 977 </dev/null >/dev/null 2>&1 &")
+    deadline = time.monotonic() + 10  # forked, then exec'd a moment later: see it run before the reboot
+    while b"sleep 977" not in adb(vf, dev.serial, "shell", "ps -A -o args").stdout:
+        assert time.monotonic() < deadline, "the background sleep never ran"
+        time.sleep(0.05)
     adb(vf, dev.serial, "reboot")
     assert adb(vf, dev.serial, "get-state", check=False).stdout != b"device\n"  # it went away
     adb(vf, dev.serial, "wait-for-device", timeout=60)
