@@ -60,7 +60,6 @@ import logging
 import os
 import posixpath
 import queue
-import re
 import shlex
 import threading
 import time
@@ -74,7 +73,8 @@ from farm.bundle.manifest import (Bundle, BundleFile, cached_digest, check_works
                                   remember_digest)
 from farm.device.probe import parse_df, split_sections
 from farm.device.protocol import DeviceLike
-from farm.errors import AdbError, InfraError, UsageError
+from farm.execute.devicecmd import discard, groups, parse_sha256sum, parse_stat
+from farm.errors import AdbError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -87,15 +87,6 @@ IN_FLIGHT = 3  # files pushed at once: the small libraries go alongside the big 
 READ_BLOCK = 1 << 20  # a push that hashes reads its host file in blocks of this size ...
 READ_AHEAD = 4  # ... at most this many ahead of the push: 4 MiB per push in flight
 PUSH_MTIME_AGE_S = 2  # pushed files are dated this far in the past (see the module docstring)
-
-# Every shell command a deploy sends is at most this many bytes: a bundle of thousands of files is
-# stat'ed, hashed, renamed and cleaned up in several commands, never one. A command travels as one adb
-# service request, "shell,v2,raw:" + command: the adb server reads its length as four hex digits (at
-# most 65535 bytes), adbd receives it in one packet (its max payload: 256 KiB or 1 MiB on Android 7 and
-# later) and runs it as the single argument of ``sh -c``, which Linux caps at 128 KiB (MAX_ARG_STRLEN).
-# A quarter of the tightest of these leaves room for the service prefix and for any adb in between
-# that allows less; a 10,000-file bundle still needs only a few dozen commands.
-COMMAND_BYTES = 16 * 1024
 
 ProgressCallback = Callable[[str, int], None]  # (file name, bytes just sent); called one at a time
 
@@ -219,12 +210,6 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 
 
-@dataclass(frozen=True)
-class _Remote:
-    size: int
-    mtime: int
-
-
 def _where(bundle: Bundle) -> str:
     """What an error about the bundle names: its manifest, or its name when it has none."""
     return str(bundle.manifest_path or bundle.name)
@@ -267,63 +252,6 @@ def select_files(bundle: Bundle, device: DeviceLike) -> list[BundleFile]:
 
 
 
-def _discard(device: DeviceLike, remotes: list[str], timeout: float) -> None:
-    """Remove pushed temp files, best effort (the next deploy removes leftovers anyway)."""
-    rm = "rm -f --"
-    for group in _groups([shlex.quote(r) for r in remotes], len(rm) + 1):
-        try:
-            device.shell(f"{rm} {group}", timeout=timeout)
-        except InfraError as e:
-            log.warning("device %s: could not remove %s (the next deploy will): %s", device.serial,
-                        group, e)
-
-
-def _groups(words: list[str], overhead: int, sep: str = " ") -> list[str]:
-    """``words`` (each already shell-quoted: a name, or a whole command when ``sep`` is " && "), in
-    order, joined by ``sep`` into as few strings as fit, each at most ``COMMAND_BYTES - overhead``
-    bytes (the rest of the command it goes into). A word longer than that still gets a string of its
-    own (a name is at most PATH_MAX, 4 KiB: far below the bound)."""
-    room = COMMAND_BYTES - overhead
-    groups: list[list[str]] = []
-    used = 0
-    for word in words:
-        size = len(word.encode())
-        if not groups or used + len(sep) + size > room:
-            groups.append([word])
-            used = size
-        else:
-            groups[-1].append(word)
-            used += len(sep) + size
-    return [sep.join(group) for group in groups]
-
-
-def _parse_stat(text: str) -> dict[str, _Remote]:
-    found: dict[str, _Remote] = {}
-    for line in text.split("\n"):
-        parts = line.split(" ", 2)
-        if len(parts) == 3 and parts[0].isdigit() and parts[1].lstrip("-").isdigit():
-            found[parts[2]] = _Remote(int(parts[0]), int(parts[1]))
-    return found
-
-
-_SHA256SUM_ESCAPES = {"n": "\n", "r": "\r"}  # coreutils writes \\, \n, \r for \, newline, CR
-
-
-def _parse_sha256sum(text: str) -> dict[str, str]:
-    digests: dict[str, str] = {}
-    for line in text.split("\n"):
-        escaped = line.startswith("\\")  # coreutils escapes names containing \, newline or CR
-        if escaped:
-            line = line[1:]
-        digest, sep, name = line.partition("  ")
-        if not sep or len(digest) != 64:
-            continue
-        if escaped:  # left to right: an escaped "\\n" is a backslash and an n, not a newline
-            name = re.sub(r"\\(.)", lambda m: _SHA256SUM_ESCAPES.get(m[1], m[1]), name, flags=re.S)
-        digests[name] = digest.lower()
-    return digests
-
-
 def _load_record(text: str) -> dict[str, dict[str, Any]]:
     try:
         raw = json.loads(text) if text.strip() else {}
@@ -361,7 +289,7 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
 
     # 1. One call: create the workspace, drop leftovers of interrupted pushes, stat, read the record
     # (and as many more calls as the names to stat need: see COMMAND_BYTES).
-    stat_groups = _groups([shlex.quote(n) for n in [RECORD_NAME, *(f.name for f in files)]],
+    stat_groups = groups([shlex.quote(n) for n in [RECORD_NAME, *(f.name for f in files)]],
                           len(probe_command("")))
     probe = device.shell(probe_command(stat_groups[0]), timeout=timeout)
     if probe.exit_code != 0:
@@ -372,7 +300,7 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
     for group in stat_groups[1:]:  # a missing file is no error: `true` makes the exit code 0
         stat_out.append(device.shell(f"cd {qws} && {{ {stat} {group} 2>/dev/null; true; }}",
                                      timeout=timeout, check=True).out)
-    remote = _parse_stat("\n".join(stat_out))
+    remote = parse_stat("\n".join(stat_out))
     record = _load_record(sections.get("record", ""))
     record_file = remote.pop(RECORD_NAME, None)
 
@@ -400,8 +328,8 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
     if to_hash:
         sha = f"cd {qws} && sha256sum --"
         digests = {}
-        for group in _groups([shlex.quote(f.name) for f in to_hash], len(sha) + 1):
-            digests.update(_parse_sha256sum(device.shell(f"{sha} {group}", timeout=hash_timeout).out))
+        for group in groups([shlex.quote(f.name) for f in to_hash], len(sha) + 1):
+            digests.update(parse_sha256sum(device.shell(f"{sha} {group}", timeout=hash_timeout).out))
         report.files_hashed = len(to_hash)
         for f in to_hash:
             if digests.get(f.name) == f.sha256:
@@ -467,7 +395,7 @@ def _finish_commands(ws: str, files: list[BundleFile], pushing: set[str]) -> lis
               for f in files if f.name in pushing]
     steps += [shlex.join(["chmod", "755", "--", f.name]) for f in files if f.role == "runner"]
     steps.append(shlex.join(["mv", "-f", "--", RECORD_NAME + PARTIAL_SUFFIX, RECORD_NAME]))
-    return [cd + chain for chain in _groups(steps, len(cd), sep=" && ")]
+    return [cd + chain for chain in groups(steps, len(cd), sep=" && ")]
 
 
 def _push_files(device: DeviceLike, bundle: Bundle, ws: str, files: list[BundleFile], need: int, *,
@@ -489,7 +417,7 @@ def _push_files(device: DeviceLike, bundle: Bundle, ws: str, files: list[BundleF
         cancel.set()  # the running pushes stop at their next block ...
         pushers.shutdown(wait=True, cancel_futures=True)
         # ... and the files they finished go too: a failed deploy leaves nothing but what it found.
-        _discard(device, [posixpath.join(ws, f.name + PARTIAL_SUFFIX) for f in files], timeout)
+        discard(device, [posixpath.join(ws, f.name + PARTIAL_SUFFIX) for f in files], timeout)
         raise
     finally:
         pushers.shutdown(wait=True, cancel_futures=True)

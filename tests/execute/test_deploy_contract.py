@@ -415,7 +415,7 @@ def test_each_hash_command_is_as_full_as_the_bound_allows_and_never_longer(tmp_p
     command to the byte stay in it, and one more name of a single byte goes to the next."""
     import shlex
 
-    from farm.execute.deploy import COMMAND_BYTES
+    from farm.execute.devicecmd import COMMAND_BYTES
 
     device = RecordingDevice(tmp_path / "device")
     ws = f"{device.root}/exact"
@@ -509,7 +509,7 @@ def test_a_host_file_gone_between_planning_and_pushing_is_named(tmp_path, qnn, c
 
 
 def test_stat_lines_it_cannot_read_are_files_it_does_not_have():
-    from farm.execute.deploy import _parse_stat
+    from farm.execute.devicecmd import parse_stat as _parse_stat
 
     found = _parse_stat("12 1700000000 a.bin\nsize? 1700000000 b.bin\n12 -5  lead.bin\n"
                         "stat: cannot stat 'c.bin'\n7 1700000000")

@@ -19,7 +19,7 @@ import pytest
 
 from farm.bundle.manifest import Bundle, describe_file
 from farm.errors import AdbError
-from farm.execute import deploy as deploy_mod
+from farm.execute import devicecmd
 from farm.execute.deploy import PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace, deploy
 from tests.support.fake_device import FakeDevice
 from tests.support.random_bundle import make_bundle
@@ -76,7 +76,7 @@ AWKWARD = ["with space.so", "it's.so", "$(touch pwned).so", "back\\slash.so", "d
 @pytest.fixture
 def small_limit(monkeypatch):
     """A command bound small enough that a few dozen files need several commands at every step."""
-    monkeypatch.setattr(deploy_mod, "COMMAND_BYTES", 700)
+    monkeypatch.setattr(devicecmd, "COMMAND_BYTES", 700)
     return 700
 
 

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from farm.execute import deploy as deploy_mod
+from farm.execute import devicecmd
 from farm.execute.deploy import deploy
 from tests.execute.test_deploy_many_files import ArgLimitDevice, _holds_exactly
 from tests.support.random_bundle import make_bundle
@@ -25,7 +25,7 @@ def test_a_bundle_of_ten_thousand_files_deploys(tmp_path):
     report = deploy(device, bundle)
     assert device.refused == [] and report.files_pushed == len(bundle.files)
     _holds_exactly(device, bundle)
-    assert max(len(c.encode()) for c in device.commands) <= deploy_mod.COMMAND_BYTES
+    assert max(len(c.encode()) for c in device.commands) <= devicecmd.COMMAND_BYTES
 
     device.pushes.clear()
     again = deploy(device, bundle)
