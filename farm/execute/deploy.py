@@ -73,8 +73,11 @@ from farm.bundle.manifest import (Bundle, BundleFile, cached_digest, check_works
                                   remember_digest)
 from farm.device.probe import parse_df, split_sections
 from farm.device.protocol import DeviceLike
+from farm.execute import chunkstore
+from farm.execute.chunking import Chunk, ChunkPolicy, FileChunks, chunk_file
+from farm.execute.chunkstore import ChunkStats, Stored, listing_command, parse_listing, store_dir
 from farm.execute.devicecmd import discard, groups, parse_sha256sum, parse_stat
-from farm.errors import AdbError, UsageError
+from farm.errors import AdbError, InfraError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +104,21 @@ class DeployReport:
     files_hashed: int = 0  # hashed on the device to decide
     seconds: float = 0.0
     pushed: list[str] = field(default_factory=list)
+    chunks: dict[str, Any] | None = None  # what the chunked push did (ChunkStats), if files went so
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def summary(self) -> str:
-        return (f"{self.serial}: pushed {self.files_pushed} files ({self.bytes_pushed} bytes), "
+        chunks = ""
+        if self.chunks and self.chunks.get("files"):
+            c = self.chunks
+            chunks = (f" ({c['files']} as chunks: {c['chunks_pushed']} of {c['chunks']} pushed, "
+                      f"{c['bytes_reused']} bytes found on the device"
+                      + (f", {c['chunks_repaired']} repaired" if c["chunks_repaired"] else "") + ")")
+        elif self.chunks and self.chunks.get("fallback"):
+            chunks = f" (pushed whole: {self.chunks['fallback']})"
+        return (f"{self.serial}: pushed {self.files_pushed} files ({self.bytes_pushed} bytes){chunks}, "
                 f"skipped {self.files_skipped}, hashed {self.files_hashed} on device, "
                 f"{self.seconds:.2f} s -> {self.workspace}")
 
@@ -265,8 +277,12 @@ def _load_record(text: str) -> dict[str, dict[str, Any]]:
 
 def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
            on_progress: ProgressCallback | None = None, on_plan: Callable[[int], None] | None = None,
-           timeout: float = 60.0, hash_timeout: float = 1800.0) -> DeployReport:
+           timeout: float = 60.0, hash_timeout: float = 1800.0,
+           chunking: ChunkPolicy | None = None) -> DeployReport:
     """Make the bundle's workspace on ``device`` hold exactly the manifest's bytes.
+
+    ``chunking`` says which files go as content-defined chunks through the device's chunk store
+    (farm.execute.chunkstore; default: ``ChunkPolicy.from_env()``, files of 16 MiB and more).
 
     ``on_plan(bytes)`` is called once with the bytes about to be pushed, ``on_progress(name, n)`` as
     they go (for a progress bar). ``timeout`` bounds every shell call and every stall of a push;
@@ -275,17 +291,23 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
     if verify not in VERIFY_LEVELS:
         raise UsageError(f"verify level {verify!r} is not one of {VERIFY_LEVELS}")
     started = time.monotonic()
+    policy = chunking if chunking is not None else ChunkPolicy.from_env()
     files = select_files(bundle, device)
     ws = bundle_workspace(device, bundle)
     report = DeployReport(serial=device.serial, workspace=ws)
     qws = shlex.quote(ws)
     stat = shlex.join(["stat", "-c", "%s %Y %n", "--"])
 
+    store = store_dir(device)
+    # The chunk store is listed in the same call when a file may go as chunks.
+    listing = (f" echo @@chunks; ( {listing_command(store)} );"
+               if any(policy.chunks(f.size) for f in files) else "")
+
     def probe_command(stat_names: str) -> str:
         return (f"mkdir -p {qws} && cd {qws} && "
                 f"{{ find . -name {shlex.quote('*' + PARTIAL_SUFFIX + '*')} -type f -exec rm -f {{}} + ; "
                 f"echo @@stat; {stat} {stat_names} 2>/dev/null; echo @@record; "
-                f"cat {RECORD_NAME} 2>/dev/null; echo; echo @@df; df -k . 2>/dev/null; true; }}")
+                f"cat {RECORD_NAME} 2>/dev/null; echo; echo @@df; df -k . 2>/dev/null;{listing} true; }}")
 
     # 1. One call: create the workspace, drop leftovers of interrupted pushes, stat, read the record
     # (and as many more calls as the names to stat need: see COMMAND_BYTES).
@@ -339,42 +361,228 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
     pushing = {f.name for f in to_push}
     report.files_skipped = len(files) - len(pushing)
 
-    need = sum(f.size for f in to_push)
     free = parse_df(sections.get("df", ""))
+    chunked = [f for f in to_push if policy.chunks(f.size)]
+    stats = ChunkStats()
+    stored = parse_listing(sections.get("chunks", "")) if listing else {}
+    plans: dict[str, FileChunks] = {}
+    want: dict[str, tuple[FileChunks, Chunk]] = {}
+    if chunked:
+        plans = {f.name: _chunk_plan(bundle, f, policy) for f in chunked}
+        want = chunkstore.missing(plans.values(), stored)
+        chunked = _room_for_chunks(device, store, plans, want, stored, to_push, free, stats,
+                                   timeout=timeout)
+        if not chunked:
+            plans, want = {}, {}
+    plain = [f for f in to_push if f.name not in plans]
+    # Bytes the device is to write (chunks, then files assembled from them), and bytes to send.
+    need = sum(f.size for f in to_push) + sum(c.size for _, c in want.values())
+    sending = sum(f.size for f in plain) + sum(c.size for _, c in want.values())
     if free is not None and need > free:
         raise AdbError(f"device {device.serial}: {ws} has {free} bytes free, deploy needs {need} "
                        f"bytes", serial=device.serial)
     if on_plan:
-        on_plan(need)
+        on_plan(sending)
 
     # 3. Push every changed file under a temporary name, dated a little in the past (see above),
     # then (4.) the new record under a temp name, over sync streams kept between the pushes.
     file_mtime = int(time.time()) - PUSH_MTIME_AGE_S
+    mtimes = {f.name: file_mtime for f in plain}
     with _sync_streams_kept(device):
-        digests = _push_files(device, bundle, ws, to_push, need, mtime=file_mtime,
+        digests = _push_files(device, bundle, ws, plain, need, mtime=file_mtime,
                               timeout=timeout, on_progress=on_progress)
+        if plans:
+            try:
+                assembled = _push_chunked(device, bundle, ws, store, chunked, plans, want, stats,
+                                          need, mtime=file_mtime, timeout=timeout,
+                                          hash_timeout=hash_timeout, on_progress=on_progress)
+            except BaseException:
+                discard(device, [posixpath.join(ws, f.name + PARTIAL_SUFFIX) for f in plain], timeout)
+                raise
+            for name, (digest, mtime) in assembled.items():
+                digests[name] = digest
+                mtimes[name] = mtime
         for f in files:  # reported in the manifest's order, whatever order the pushes finished in
             if f.name in digests:
                 known[f.name] = digests[f.name]
                 report.files_pushed += 1
-                report.bytes_pushed += f.size
+                report.bytes_pushed += f.size if f.name not in plans else 0
                 report.pushed.append(f.name)
+        report.bytes_pushed += stats.bytes_pushed
+        if stats.files or stats.fallback:
+            report.chunks = stats.to_dict()
 
         if not to_push and not to_hash and record_file is not None:
             report.seconds = time.monotonic() - started
             return report  # nothing changed, nothing learned: the record stands
 
         entries = {f.name: {"sha256": known[f.name], "size": f.size,
-                            "mtime": file_mtime if f.name in pushing else remote[f.name].mtime}
+                            "mtime": mtimes[f.name] if f.name in pushing else remote[f.name].mtime}
                    for f in files if f.name in known}
+        for name, entry in entries.items():  # the chunks a deployed file was made of stay listed:
+            chunks = (stats.chunk_lists.get(name) if name in pushing  # the next rebuild's delta is
+                      else _recorded_chunks(record.get(name), entry["sha256"]))  # taken from them
+            if chunks:
+                entry["chunks"] = chunks
         body = json.dumps({"bundle": bundle.name, "files": entries}, sort_keys=True).encode()
         device.push(io.BytesIO(body), posixpath.join(ws, RECORD_NAME + PARTIAL_SUFFIX),
                     timeout=timeout)
     # 5. One command puts everything in place (or several in turn: see _finish_commands).
     for command in _finish_commands(ws, files, pushing):
         device.shell(command, timeout=timeout, check=True)
+    if listing:
+        _bound_store(device, store, stored, want, policy, stats, timeout=timeout)
+        if stats.files or stats.fallback or stats.chunks_evicted:
+            report.chunks = stats.to_dict()
     report.seconds = time.monotonic() - started
     return report
+
+
+def _recorded_chunks(entry: dict[str, Any] | None, sha256: str) -> list[str] | None:
+    chunks = (entry or {}).get("chunks")
+    if (entry or {}).get("sha256") == sha256 and isinstance(chunks, list):
+        return [c for c in chunks if isinstance(c, str)]
+    return None
+
+
+def _chunk_plan(bundle: Bundle, f: BundleFile, policy: ChunkPolicy) -> FileChunks:
+    """The chunks of ``f``, read once (with the digest of a verify in this process, if there was
+    one, the file's sha256 is not taken again); the bundle's error if it is not the manifest's."""
+    try:
+        st = os.stat(f.path)
+        plan = chunk_file(f.path, policy, file_digest=cached_digest(f.path, st))
+    except OSError as e:
+        raise UsageError(f"{_where(bundle)}: cannot read {f.path}: {e.strerror or e}") from None
+    if plan.size != f.size or plan.sha256 != f.sha256:
+        raise UsageError(f"{_where(bundle)}: {f.path} changed or is corrupt: it is {plan.size} bytes "
+                         f"with sha256 {plan.sha256}, manifest says {f.size} bytes with sha256 "
+                         f"{f.sha256}; not deployed")
+    return plan
+
+
+def _room_for_chunks(device: DeviceLike, store: str, plans: dict[str, FileChunks],
+                     want: dict[str, tuple[FileChunks, Chunk]], stored: dict[str, Stored],
+                     to_push: list[BundleFile], free: int | None, stats: ChunkStats, *,
+                     timeout: float) -> list[BundleFile]:
+    """The files to push as chunks: all of ``plans``' when the device has room for the missing
+    chunks and the assembled files (after evicting chunks no deployed file needs, if it must), none
+    (a plain push: ``stats.fallback`` says why) when it has not."""
+    chunked = [f for f in to_push if f.name in plans]
+    need = sum(f.size for f in to_push) + sum(c.size for _, c in want.values())
+    if free is None or need <= free:
+        return chunked
+    protected = set().union(*(p.unique() for p in plans.values()))
+    refs = chunkstore.referenced(device, RECORD_NAME, timeout=timeout)
+    if refs is not None:
+        store_total = sum(s.size for s in stored.values())
+        n, freed = chunkstore.evict(device, store, stored, protected | refs,
+                                    store_total - (need - free), timeout=timeout)
+        stats.chunks_evicted += n
+        stats.bytes_evicted += freed
+        free += freed
+    if need <= free:
+        return chunked
+    stats.fallback = (f"{free} bytes free, chunks and assembly need {need}: "
+                      f"{len(chunked)} files pushed whole")
+    log.info("device %s: %s", device.serial, stats.fallback)
+    return []
+
+
+def _bound_store(device: DeviceLike, store: str, stored: dict[str, Stored],
+                 want: dict[str, tuple[FileChunks, Chunk]], policy: ChunkPolicy, stats: ChunkStats, *,
+                 timeout: float) -> None:
+    """Evict the least recently used chunks beyond ``policy.store_bytes`` that no deploy record on
+    the device lists. Best effort: a deploy that got here has succeeded."""
+    for sha, (_plan, chunk) in want.items():
+        stored[sha] = Stored(chunk.size, int(time.time()))
+    if sum(s.size for s in stored.values()) <= policy.store_bytes:
+        return
+    try:
+        refs = chunkstore.referenced(device, RECORD_NAME, timeout=timeout)
+        if refs is None:
+            return
+        n, freed = chunkstore.evict(device, store, stored, refs, policy.store_bytes,
+                                    timeout=timeout)
+    except InfraError as e:
+        log.warning("device %s: could not evict chunks beyond the store's bound: %s",
+                    device.serial, e)
+        return
+    stats.chunks_evicted += n
+    stats.bytes_evicted += freed
+
+
+def _push_chunked(device: DeviceLike, bundle: Bundle, ws: str, store: str, files: list[BundleFile],
+                  plans: dict[str, FileChunks], want: dict[str, tuple[FileChunks, Chunk]],
+                  stats: ChunkStats, need: int, *, mtime: int, timeout: float, hash_timeout: float,
+                  on_progress: ProgressCallback | None) -> dict[str, tuple[str, int]]:
+    """Push the chunks the store lacks, assemble each file into its partial name and check its
+    sha256 on the device (repairing damaged chunks, see farm.execute.chunkstore); name ->
+    (sha256 the device computed, mtime on the device). On failure no partial file is left."""
+    progress = _Progress(on_progress)
+    cancel = threading.Event()
+    partials = {f.name: posixpath.join(ws, f.name + PARTIAL_SUFFIX) for f in files}
+    push_kw = dict(timeout=timeout, cancel=cancel, cancelled=_Cancelled,
+                   on_bytes=lambda name, n: progress.for_file(name)(n))
+
+    def host_unchanged() -> None:
+        for f in files:
+            if not chunkstore.unchanged(plans[f.name]):
+                raise UsageError(f"{_where(bundle)}: {f.path} changed while it was pushed; "
+                                 f"not deployed")
+
+    repaired: set[str] = set()
+    stats.files = len(files)
+    stats.chunks = len(set().union(*(p.unique() for p in plans.values())))
+    try:
+        try:
+            chunkstore.push_chunks(device, store, want, **push_kw)
+            stats.chunks_pushed += len(want)
+            stats.bytes_pushed += sum(c.size for _, c in want.values())
+            host_unchanged()
+            assemble = dict(timeout=timeout, hash_timeout=hash_timeout, mtime=mtime)
+            got = {f.name: chunkstore.assemble(device, store, plans[f.name], partials[f.name],
+                                               **assemble) for f in files}
+            for f in files:
+                digest = got[f.name][0]
+                if digest == f.sha256:
+                    continue
+                # The store lied: find the chunks that are not what their names say, push them anew.
+                plan = plans[f.name]
+                bad = chunkstore.damaged(device, store, plan, timeout=hash_timeout)
+                if not bad:
+                    chunkstore.raise_if_still_bad(device, f.name, digest, f.sha256)
+                log.warning("device %s: %d chunks of %s were damaged in the store; pushing them again",
+                            device.serial, len(bad), f.name)
+                redo = {sha: (plan, plan.unique()[sha]) for sha in bad}
+                chunkstore.push_chunks(device, store, redo, **push_kw)
+                stats.chunks_repaired += len(bad)
+                repaired |= bad
+                stats.bytes_pushed += sum(c.size for _, c in redo.values())
+                host_unchanged()
+                got[f.name] = chunkstore.assemble(device, store, plan, partials[f.name], **assemble)
+                if got[f.name][0] != f.sha256:
+                    chunkstore.raise_if_still_bad(device, f.name, got[f.name][0], f.sha256)
+        except AdbError as e:
+            if "space" not in str(e).lower():
+                raise
+            raise AdbError(f"device {device.serial}: storage full in {ws}: deploy needs {need} "
+                           f"bytes (chunks and the files assembled from them) ({e})",
+                           serial=device.serial) from None
+        except OSError as e:  # the host file, not the device
+            raise UsageError(f"{_where(bundle)}: cannot read a chunked file: {e.strerror or e}") \
+                from None
+    except BaseException:
+        cancel.set()
+        discard(device, [p + suffix for p in partials.values() for suffix in ("", ".chunks")],
+                timeout)
+        raise
+    for f in files:
+        stats.chunk_lists[f.name] = [c.sha256 for c in plans[f.name].chunks]
+    sent = set(want) | repaired
+    every = {sha: c for p in plans.values() for sha, c in p.unique().items()}
+    stats.chunks_reused = len(every.keys() - sent)
+    stats.bytes_reused = sum(c.size for sha, c in every.items() if sha not in sent)
+    return {f.name: got[f.name] for f in files}
 
 
 def _sync_streams_kept(device: DeviceLike) -> AbstractContextManager[object]:

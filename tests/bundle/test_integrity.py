@@ -29,6 +29,11 @@ from farm.execute.run import RunnerFailed, RunResult, check_complete, run
 from farm.execute.runprofile import RunnerCommand, RunRequest
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
 from tests.support.devices import make_qnn_bundle, wait_for_sync_sessions_to_end, write
+from tests.support.virtual import CHUNKED_FROM_BYTES
+
+# Every deploy here runs with whole-file pushes and again with chunked deploy on.
+pytestmark = pytest.mark.usefixtures("deploy_mode")
+
 
 
 def _sha(data: bytes) -> str:
@@ -219,7 +224,7 @@ def test_a_file_changed_within_the_same_clock_tick_is_not_trusted(tmp_path, monk
 
 
 @pytest.fixture(scope="module")
-def device_farm(tmp_path_factory):
+def device_farm(tmp_path_factory, deploy_mode):
     with VirtualFarm(home=tmp_path_factory.mktemp("integrity-farm")) as vf:
         (record,) = vf.up([VirtualDeviceSpec(soc="SM8650")])
         yield vf, record
@@ -328,12 +333,15 @@ def test_name_holding_the_temp_suffix_is_refused(device_farm, tmp_path):
         deploy(_device(vf, rec), b)
 
 
-def test_full_device_is_infra_naming_device_and_bytes(tmp_path):
+def test_full_device_is_infra_naming_device_and_bytes(tmp_path, deploy_mode):
     bundle = bundle_mod.load(make_qnn_bundle(tmp_path / "b", name="full", pte_bytes=300_000))
     with VirtualFarm(home=tmp_path / "farm") as vf:
         (record,) = vf.up([VirtualDeviceSpec(soc="SM8650")])
         device = find_device([vf.adb_server], record.serial)
         need = sum(f.size for f in bundle.files_for(device.htp_arch))
+        if deploy_mode == "chunked":  # random bytes: every chunk is new, and written twice (the
+            need += sum(f.size for f in bundle.files_for(device.htp_arch)  # chunk, the file)
+                        if f.size >= CHUNKED_FROM_BYTES)
         vf.set_faults(record.serial, disk_full_after_bytes=50_000)
         with pytest.raises(AdbError) as caught:
             deploy(device, bundle, timeout=10)

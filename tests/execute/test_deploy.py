@@ -17,9 +17,13 @@ from farm.execute.deploy import PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace, d
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
 from tests.support.devices import counting_sync_opens, make_qnn_bundle
 
+# Every deploy here runs with whole-file pushes and again with chunked deploy on.
+pytestmark = pytest.mark.usefixtures("deploy_mode")
+
+
 
 @pytest.fixture(scope="module")
-def farm2(tmp_path_factory):
+def farm2(tmp_path_factory, deploy_mode):
     with VirtualFarm(home=tmp_path_factory.mktemp("deploy-farm")) as vf:
         records = vf.up([VirtualDeviceSpec(soc="SM8550"), VirtualDeviceSpec(soc="SM8650")])
         yield vf, {r.soc: r for r in records}

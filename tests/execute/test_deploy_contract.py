@@ -209,7 +209,7 @@ def test_the_report_the_summary_and_the_progress_count_what_was_pushed(tmp_path)
     assert planned == [total] and progress == sizes
     assert report.to_dict() == {"serial": "phone-7", "workspace": ws, "files_pushed": 3,
                                 "bytes_pushed": total, "files_skipped": 0, "files_hashed": 0,
-                                "seconds": report.seconds, "pushed": list(sizes)}
+                                "seconds": report.seconds, "pushed": list(sizes), "chunks": None}
     assert 0 < report.seconds < 600
     assert report.summary() == (f"phone-7: pushed 3 files ({total} bytes), skipped 0, hashed 0 on "
                                 f"device, {report.seconds:.2f} s -> {ws}")

@@ -41,3 +41,21 @@ def shared_virtual_farm(tmp_path_factory) -> Iterator[VirtualFarm]:
     with VirtualFarm(home=tmp_path_factory.mktemp("shared-virtual-farm")) as vf:
         vf.up([VirtualDeviceSpec(soc="SM8650"), VirtualDeviceSpec(soc="SM8550", platform_only=True)])
         yield vf
+
+
+# Files of this size and more go as chunks when a test runs in the "chunked" deploy mode: the
+# reference programs (~750 KB) and the test bundles' .pte files (300-400 KB) all do.
+CHUNKED_FROM_BYTES = 64 * 1024
+
+
+@pytest.fixture(scope="module", params=["plain", "chunked"])
+def deploy_mode(request):
+    """Run a module's tests once with whole-file pushes and once with chunked deploy on (through the
+    environment, so a farm command a test starts deploys the same way). Module-scoped, so that a
+    module's shared virtual devices (which take it as an argument) are made anew for each mode:
+    a workspace the other mode deployed is not this mode's."""
+    from farm.execute.chunking import MIN_BYTES_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(MIN_BYTES_ENV, "off" if request.param == "plain" else str(CHUNKED_FROM_BYTES))
+        yield request.param

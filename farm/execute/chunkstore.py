@@ -1,0 +1,291 @@
+"""The device's chunk store, and the chunked push of a file through it.
+
+``<device workspace>/.ptefarm-chunks/`` holds chunks (farm.execute.chunking) as files named by their
+sha256, shared by every bundle deployed to the device. A chunked push of a file:
+
+1. lists the store (one ``find``, in the deploy's probe): a chunk is there when a file of its name
+   has its size; a truncated one is simply missing;
+2. pushes the missing chunks, ``CHUNKS_IN_FLIGHT`` at a time over kept sync streams, each straight
+   to its name (a chunk an interrupted push cut short has the wrong size: missing, next time);
+3. assembles the file on the device with what every phone has, toybox ``cat`` of the chunks in order
+   into the file's partial name (several commands when the names do not fit in one, see
+   ``COMMAND_BYTES``), touching the chunks it read (their mtime is the store's LRU clock);
+4. hashes the assembled file on the device (``sha256sum``): the deploy record then says what a digest
+   on the device confirmed. A wrong digest means the store lied (a chunk altered in place, same
+   size): every chunk of that file is hashed on the device, the bad ones removed and pushed again,
+   and the file assembled once more; a file that is still wrong is the device's fault (``AdbError``),
+   never renamed into place.
+
+The store is bounded by ``ChunkPolicy.store_bytes``: after a deploy, chunks are evicted oldest use
+first, but never one that a deploy record on the device (this bundle's or another's) lists for a
+deployed file: those are what the next rebuild's delta is taken against. Before the pushes, a
+device short of room evicts the same way, and if that is not enough the deploy pushes the files
+whole (``fallback``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import mmap
+import posixpath
+import shlex
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from farm.device.protocol import DeviceLike
+from farm.errors import AdbError, InfraError
+from farm.execute.chunking import Chunk, FileChunks, identity
+from farm.execute.devicecmd import groups, parse_sha256sum, parse_stat
+
+log = logging.getLogger(__name__)
+
+STORE_DIR = ".ptefarm-chunks"
+CHUNKS_IN_FLIGHT = 4  # chunk pushes at once: a chunk is small, so a round trip is a good part of it
+PARTIAL_SUFFIX = ".ptefarm-partial"  # as farm.execute.deploy's: the probe removes leftovers of both
+
+
+@dataclass(frozen=True)
+class Stored:
+    size: int
+    mtime: int
+
+
+@dataclass
+class ChunkStats:
+    """What a chunked deploy did, for the deploy report."""
+    files: int = 0             # files pushed as chunks
+    chunks: int = 0            # distinct chunks those files are made of
+    chunks_pushed: int = 0
+    bytes_pushed: int = 0
+    chunks_reused: int = 0     # found in the store
+    bytes_reused: int = 0
+    chunks_repaired: int = 0   # found damaged on the device and pushed again
+    chunks_evicted: int = 0
+    bytes_evicted: int = 0
+    fallback: str | None = None  # why files above the threshold were pushed whole
+    chunk_lists: dict[str, list[str]] = field(default_factory=dict)  # file name -> its chunks
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d.pop("chunk_lists")
+        return d
+
+
+def store_dir(device: DeviceLike) -> str:
+    return posixpath.join(device.workspace, STORE_DIR)
+
+
+def listing_command(store: str) -> str:
+    """Create the store, drop partial chunks, list ``size mtime ./name`` of every chunk."""
+    q = shlex.quote(store)
+    return (f"mkdir -p {q} && cd {q} && "
+            f"{{ find . -name {shlex.quote('*' + PARTIAL_SUFFIX + '*')} -type f -exec rm -f {{}} + ; "
+            f"find . -type f -exec stat -c '%s %Y %n' {{}} + 2>/dev/null; true; }}")
+
+
+def parse_listing(text: str) -> dict[str, Stored]:
+    found: dict[str, Stored] = {}
+    for line in text.split("\n"):
+        parts = line.split(" ", 2)
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].lstrip("-").isdigit():
+            continue
+        name = parts[2].removeprefix("./")
+        if len(name) == 64 and "/" not in name:
+            found[name] = Stored(int(parts[0]), int(parts[1]))
+    return found
+
+
+def missing(plans: Iterable[FileChunks], stored: dict[str, Stored]) -> dict[str, tuple[FileChunks, Chunk]]:
+    """The chunks of ``plans`` the store lacks (or holds at another size), each once, with a file to
+    read it from."""
+    want: dict[str, tuple[FileChunks, Chunk]] = {}
+    for plan in plans:
+        for sha, chunk in plan.unique().items():
+            have = stored.get(sha)
+            if (have is None or have.size != chunk.size) and sha not in want:
+                want[sha] = (plan, chunk)
+    return want
+
+
+class _Slice:
+    """A chunk's bytes as ``device.push`` reads them (``readinto``); a read after ``cancel`` is set
+    raises ``Cancelled``."""
+
+    def __init__(self, view: memoryview, cancel: threading.Event, cancelled: type[Exception]):
+        self.view = view
+        self.pos = 0
+        self.cancel = cancel
+        self.cancelled = cancelled
+
+    def readinto(self, buf) -> int:
+        if self.cancel.is_set():
+            raise self.cancelled
+        n = min(len(buf), len(self.view) - self.pos)
+        buf[:n] = self.view[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+
+def push_chunks(device: DeviceLike, store: str, wanted: dict[str, tuple[FileChunks, Chunk]], *,
+                timeout: float, on_bytes: Callable[[str, int], None], cancel: threading.Event,
+                cancelled: type[Exception]) -> None:
+    """Push ``wanted`` into the store, ``CHUNKS_IN_FLIGHT`` at a time, each straight to its name: a
+    chunk cut short by a failure is shorter than its name says, which the next listing sees (a
+    missing chunk), and one altered in place is caught by the digest of the file assembled from it;
+    a rename per chunk (a process each on the device) would cost more than all of a delta's bytes.
+    The host files are mmapped once each; the caller checks their identity before and after (the
+    chunks' digests are of the bytes read when they were chunked)."""
+    if not wanted:
+        return
+    files: dict[str, tuple] = {}  # path -> (file object, mmap, memoryview)
+    try:
+        for plan, _chunk in wanted.values():
+            key = str(plan.path)
+            if key not in files:
+                f = open(plan.path, "rb")
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                files[key] = (f, mm, memoryview(mm))
+
+        def push(sha: str) -> None:
+            plan, chunk = wanted[sha]
+            view = files[str(plan.path)][2][chunk.offset:chunk.offset + chunk.size]
+            try:
+                device.push(_Slice(view, cancel, cancelled), posixpath.join(store, sha),
+                            timeout=timeout,
+                            on_bytes=lambda n, name=plan.path.name: on_bytes(name, n))
+            finally:
+                view.release()
+
+        order = sorted(wanted, key=lambda sha: (str(wanted[sha][0].path), wanted[sha][1].offset))
+        pool = ThreadPoolExecutor(min(CHUNKS_IN_FLIGHT, len(order)), thread_name_prefix="chunk-push")
+        try:
+            for job in [pool.submit(push, sha) for sha in order]:
+                job.result()
+        except BaseException:
+            cancel.set()  # the others stop at their next block
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        for f, mm, view in files.values():
+            view.release()
+            mm.close()
+            f.close()
+
+
+def assemble(device: DeviceLike, store: str, plan: FileChunks, target: str, *, timeout: float,
+             hash_timeout: float, mtime: int | None = None) -> tuple[str | None, int]:
+    """Write the chunks of ``plan`` in order into ``target`` on the device (an absolute partial
+    name) and hash what was written in the same pass; (sha256, mtime) of ``target`` as the device
+    reports them, the digest None if it printed none.
+
+    The chunk names go in a list file beside ``target`` (its partial suffix makes it a leftover the
+    next probe removes), read by toybox ``xargs`` for ``touch -c`` (the store's LRU clock) and for
+    ``cat``, whose output ``tee`` writes while ``sha256sum`` hashes it: one command whatever the
+    number of chunks, and the file is read once. A chunk that is missing makes ``cat`` fail and the
+    digest wrong, which is what the caller checks."""
+    listing = target + ".chunks"
+    body = "".join(c.sha256 + "\n" for c in plan.chunks).encode()
+    device.push(io.BytesIO(body), listing, timeout=timeout)
+    ql, qt = shlex.quote(listing), shlex.quote(target)
+    date = f"touch -c -d @{mtime} -- {qt} 2>/dev/null; " if mtime is not None else ""
+    out = device.shell(f"cd {shlex.quote(store)} && xargs touch -c -- < {ql}; "
+                       f"xargs cat -- < {ql} | tee -- {qt} | sha256sum; {date}"
+                       f"echo @@stat; stat -c '%Y' -- {qt}; rm -f -- {ql}",
+                       timeout=max(timeout, hash_timeout)).out
+    digest_text, _, stat_text = out.partition("@@stat")
+    words = digest_text.split()
+    digest = words[0].lower() if words and len(words[0]) == 64 else None
+    stamp = stat_text.split()
+    return digest, int(stamp[0]) if stamp and stamp[0].lstrip("-").isdigit() else 0
+
+
+def device_digests(device: DeviceLike, cwd: str, names: list[str], *, timeout: float,
+                   mtime: int | None = None) -> dict[str, tuple[str, int]]:
+    """name -> (sha256, mtime) of files in ``cwd`` on the device, dated ``mtime`` first if given."""
+    out: dict[str, tuple[str, int]] = {}
+    cd = f"cd {shlex.quote(cwd)} && "
+    for group in groups([shlex.quote(n) for n in names], len(cd) + 120):
+        touch = f"{{ touch -c -d @{mtime} -- {group} 2>/dev/null; true; }} && " if mtime else ""
+        result = device.shell(f"{cd}{touch}sha256sum -- {group} && echo @@stat && "
+                              f"stat -c '%s %Y %n' -- {group}", timeout=timeout)
+        text = result.out
+        digests_text, _, stat_text = text.partition("\n@@stat\n")
+        digests = parse_sha256sum(digests_text)
+        stats = parse_stat(stat_text)
+        for n in names:
+            if n in digests and n in stats:
+                out[n] = (digests[n], stats[n].mtime)
+    return out
+
+
+def damaged(device: DeviceLike, store: str, plan: FileChunks, *, timeout: float) -> set[str]:
+    """The chunks of ``plan`` whose bytes in the store are not what their name says."""
+    digests = device_digests(device, store, sorted(plan.unique()), timeout=timeout)
+    return {sha for sha in plan.unique() if digests.get(sha, ("",))[0] != sha}
+
+
+def referenced(device: DeviceLike, record_name: str, *, timeout: float) -> set[str] | None:
+    """Every chunk a deploy record on the device lists for a deployed file (all bundles), or None
+    if the records cannot be read (then nothing may be evicted)."""
+    root = shlex.quote(device.workspace)
+    marker = "@@ptefarm-record"
+    command = (f"cd {root} && for r in */{shlex.quote(record_name)}; do "
+               f"[ -f \"$r\" ] && {{ echo; echo {marker}; cat -- \"$r\"; }}; done; true")
+    try:
+        text = device.shell(command, timeout=timeout, check=True).out
+    except InfraError as e:
+        log.warning("device %s: cannot read the deploy records, nothing evicted: %s", device.serial, e)
+        return None
+    refs: set[str] = set()
+    for body in text.split(f"\n{marker}\n")[1:]:
+        try:
+            files = json.loads(body).get("files", {})
+        except (json.JSONDecodeError, AttributeError):
+            log.warning("device %s: an unreadable deploy record, nothing evicted", device.serial)
+            return None  # it may vouch for chunks we cannot see: keep everything
+        for entry in files.values() if isinstance(files, dict) else ():
+            chunks = entry.get("chunks") if isinstance(entry, dict) else None
+            if isinstance(chunks, list):
+                refs.update(c for c in chunks if isinstance(c, str))
+    return refs
+
+
+def evict(device: DeviceLike, store: str, stored: dict[str, Stored], protected: set[str],
+          down_to: int, *, timeout: float) -> tuple[int, int]:
+    """Remove the least recently used chunks not in ``protected`` until the store holds at most
+    ``down_to`` bytes (or nothing unprotected is left); (chunks, bytes) removed. ``stored`` is
+    updated."""
+    total = sum(s.size for s in stored.values())
+    victims: list[str] = []
+    freed = 0
+    for sha in sorted((s for s in stored if s not in protected), key=lambda s: (stored[s].mtime, s)):
+        if total - freed <= down_to:
+            break
+        victims.append(sha)
+        freed += stored[sha].size
+    rm = f"cd {shlex.quote(store)} && rm -f --"
+    for group in groups(victims, len(rm) + 1):
+        device.shell(f"{rm} {group}", timeout=timeout, check=True)
+    for sha in victims:
+        del stored[sha]
+    return len(victims), freed
+
+
+def unchanged(plan: FileChunks) -> bool:
+    import os
+
+    try:
+        return identity(os.stat(plan.path)) == plan.identity
+    except OSError:
+        return False
+
+
+def raise_if_still_bad(device: DeviceLike, name: str, got: str | None, want: str) -> None:
+    raise AdbError(f"device {device.serial}: {name} assembled from chunks that hash right has "
+                   f"sha256 {got or 'unknown'}, expected {want}: the device does not keep what it "
+                   f"is given", serial=device.serial)
