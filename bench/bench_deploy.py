@@ -18,6 +18,9 @@ host hits every method alike, against an emptied device directory each time:
   to hash it and once to push it (what ``farm deploy`` did before it checked in the push);
 - redeploy (in the "cached" process, right after its first deploy): nothing to push.
 
+Every row pushes whole files (``chunking=PLAIN``): this bench measures the push path against adb's;
+a chunked deploy's cold and delta costs are bench_delta_deploy.py's.
+
 Deploy times are taken inside the child (no interpreter start-up), adb's as its whole process. Peak RSS
 is the child's own ``ru_maxrss`` (``os.wait4``), interpreter and imports included. MB/s are best-of;
 the ratios are medians of per-round ratios. Ends with one summary line.
@@ -47,6 +50,7 @@ def _child(manifest: str, port: int, serial: str, mode: str) -> None:
     from farm.bundle import manifest as bundle_mod
     from farm.config import AdbServerAddress
     from farm.device.discovery import find_device
+    from farm.execute.chunking import PLAIN
     from farm.execute.deploy import deploy
 
     device = find_device([AdbServerAddress("127.0.0.1", port)], serial)
@@ -57,12 +61,12 @@ def _child(manifest: str, port: int, serial: str, mode: str) -> None:
         bundle = bundle_mod.load(manifest, verify=True)
     if mode == "cached":
         started = time.perf_counter()  # the verify is not part of this row
-    report = deploy(device, bundle, timeout=120)
+    report = deploy(device, bundle, timeout=120, chunking=PLAIN)
     seconds = time.perf_counter() - started
     result = {"seconds": seconds, "bytes": report.bytes_pushed}
     if mode == "cached":
         again_started = time.perf_counter()
-        again = deploy(device, bundle, timeout=120)
+        again = deploy(device, bundle, timeout=120, chunking=PLAIN)
         result.update(redeploy_s=time.perf_counter() - again_started, redeploy_bytes=again.bytes_pushed)
     print(json.dumps(result))
 

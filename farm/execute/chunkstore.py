@@ -67,6 +67,11 @@ class ChunkStats:
     chunks_evicted: int = 0
     bytes_evicted: int = 0
     fallback: str | None = None  # why files above the threshold were pushed whole
+    # Where the time went: cutting and hashing on the host, pushing chunks, assembling and hashing
+    # on the device (repairs included).
+    seconds_chunking: float = 0.0
+    seconds_pushing: float = 0.0
+    seconds_assembling: float = 0.0
     chunk_lists: dict[str, list[str]] = field(default_factory=dict)  # file name -> its chunks
 
     def to_dict(self) -> dict:

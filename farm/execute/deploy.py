@@ -368,7 +368,9 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
     plans: dict[str, FileChunks] = {}
     want: dict[str, tuple[FileChunks, Chunk]] = {}
     if chunked:
+        t = time.monotonic()
         plans = {f.name: _chunk_plan(bundle, f, policy) for f in chunked}
+        stats.seconds_chunking = time.monotonic() - t
         want = chunkstore.missing(plans.values(), stored)
         chunked = _room_for_chunks(device, store, plans, want, stored, to_push, free, stats,
                                    timeout=timeout)
@@ -535,10 +537,13 @@ def _push_chunked(device: DeviceLike, bundle: Bundle, ws: str, store: str, files
     stats.chunks = len(set().union(*(p.unique() for p in plans.values())))
     try:
         try:
+            t = time.monotonic()
             chunkstore.push_chunks(device, store, want, **push_kw)
             stats.chunks_pushed += len(want)
             stats.bytes_pushed += sum(c.size for _, c in want.values())
             host_unchanged()
+            stats.seconds_pushing = time.monotonic() - t
+            t = time.monotonic()
             assemble = dict(timeout=timeout, hash_timeout=hash_timeout, mtime=mtime)
             got = {f.name: chunkstore.assemble(device, store, plans[f.name], partials[f.name],
                                                **assemble) for f in files}
@@ -576,6 +581,7 @@ def _push_chunked(device: DeviceLike, bundle: Bundle, ws: str, store: str, files
         discard(device, [p + suffix for p in partials.values() for suffix in ("", ".chunks")],
                 timeout)
         raise
+    stats.seconds_assembling = time.monotonic() - t
     for f in files:
         stats.chunk_lists[f.name] = [c.sha256 for c in plans[f.name].chunks]
     sent = set(want) | repaired

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 BENCHES = {
     "bench_push.py": (["--size-mb", "4", "--repeat", "1"], {0}),
     "bench_deploy.py": (["--pte-mb", "6", "--lib-mb", "2,1", "--rounds", "1"], {0}),
+    "bench_delta_deploy.py": (["--synthetic", "4", "--rounds", "1", "--mbps", "20"], {0, 1}),
     "bench_upstream_flow.py": (["--runs", "2", "--padding-mb", "4"], {0}),
     "bench_gate.py": (["--trials", "8"], {0, 1}),  # 1: a target missed (8 trials decide nothing)
     "bench_orchestration.py": (["--tests", "4", "--sleep", "0.2", "--devices", "1,2"], {0}),
