@@ -66,7 +66,7 @@ from farm.virtual.protocol import (
 )
 from farm.virtual.shell import CommandContext, kill_commands, parse_shell_service, run_shell
 from farm.virtual.simphone import HeatRenderer, current_timing, install_timing, is_simulated
-from farm.virtual.stream import Stream
+from farm.virtual.stream import Link, Stream
 from farm.virtual.syncd import header as syncd_header
 from farm.virtual.syncpump import WarmWorkers, serve_sync
 
@@ -118,6 +118,7 @@ class VirtualDevice:
         self.props = runtime_props(identity, root, confined)
         install_system(root, self.props, identity.free_bytes)
         self.banner = device_banner(identity.props)
+        self.link = Link()  # the slow_bytes_per_s fault's rate, shared by all of the device's streams
         (root / PGID_DIR).mkdir(parents=True, exist_ok=True)
         (root / STORAGE_REL / TOMBSTONES_REL).mkdir(parents=True, exist_ok=True)  # a mount point
         self.logd = LogDaemon(root, self.props)
@@ -299,7 +300,7 @@ class VirtualDevice:
             transport.send(A_CLSE, 0, remote_id)
             return
         local_id = next(ids)
-        stream = Stream(transport, local_id, remote_id, faults, finished)
+        stream = Stream(transport, local_id, remote_id, faults, finished, self.link)
         with lock:
             streams[local_id] = stream
         transport.send(A_OKAY, local_id, remote_id)

@@ -21,7 +21,7 @@ RUNNER_DELAY_ENV = "PTEFARM_RUNNER_DELAY_MS"
 @dataclass(frozen=True)
 class Faults:
     drop_after_bytes: int | None = None       # close the TCP connection after N payload bytes on a stream
-    slow_bytes_per_s: int | None = None       # throttle every stream to this rate, both directions
+    slow_bytes_per_s: int | None = None       # the device's link at this rate: all streams, both ways
     disk_full_after_bytes: int | None = None  # SEND fails "No space left on device" past N bytes
     hang_commands: str | None = None          # regex: a matching shell command never finishes
     runner_delay_ms: int | None = None        # the host runner sleeps this long per decoded token

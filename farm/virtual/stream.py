@@ -28,11 +28,12 @@ class StreamClosed(Exception):
 
 class Stream:
     def __init__(self, transport: Transport, local_id: int, remote_id: int, faults: Faults,
-                 on_finished: Callable[[int], None]):
+                 on_finished: Callable[[int], None], link: Link | None = None):
         self.transport = transport
         self.local_id = local_id
         self.remote_id = remote_id
         self.faults = faults
+        self.link = link or Link()
         self._inbox: queue.Queue[bytearray | None] = queue.Queue()
         self._can_send = threading.Event()
         self._can_send.set()
@@ -119,7 +120,25 @@ class Stream:
     def _throttle(self, nbytes: int) -> None:
         rate = self.faults.slow_bytes_per_s
         if rate:
-            time.sleep(nbytes / rate)
+            self.link.carry(nbytes, rate)
+
+
+class Link:
+    """The device's one link (a phone's USB cable): the ``slow_bytes_per_s`` fault is its rate,
+    shared by every stream of the device in both directions, so four pushes in flight get a quarter
+    of it each, not four times the cable. Each payload books the link for ``nbytes / rate`` after
+    the bookings before it and waits for its turn to end."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+
+    def carry(self, nbytes: int, rate: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._free_at = max(self._free_at, now) + nbytes / rate
+            done = self._free_at
+        time.sleep(max(0.0, done - now))
 
 
 class StreamReader:

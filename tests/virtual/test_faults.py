@@ -91,6 +91,28 @@ def test_slow_device_still_delivers(farm_and_device):
     assert device.sync.read_bytes(f"{dev.workspace}/slow.bin") == data
 
 
+def test_the_slow_link_is_shared_by_concurrent_streams(farm_and_device):
+    """The rate is the device's cable, not each stream's: two pushes at once take as long as both
+    bytes at the rate (a lower bound, which a loaded host can only exceed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    vf, dev = farm_and_device
+    rate, size = 4 << 20, 2 << 20
+    vf.set_faults(dev.serial, slow_bytes_per_s=rate)
+    datas = [os.urandom(size) for _ in range(2)]
+
+    def push(i: int) -> None:
+        vf.client().device(dev.serial).sync.push(datas[i], f"{dev.workspace}/link{i}.bin")
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(push, range(2)))
+    elapsed = time.monotonic() - started
+    assert elapsed >= 0.95 * 2 * size / rate, elapsed  # one stream's share alone would be half that
+    for i in range(2):
+        assert vf.client().device(dev.serial).sync.read_bytes(f"{dev.workspace}/link{i}.bin") == datas[i]
+
+
 def test_kill_and_restart_keeps_state(farm_and_device):
     vf, dev = farm_and_device
     device = vf.client().device(dev.serial)
