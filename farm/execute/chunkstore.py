@@ -29,9 +29,11 @@ import io
 import json
 import logging
 import mmap
+import os
 import posixpath
 import shlex
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -52,6 +54,7 @@ PARTIAL_SUFFIX = ".ptefarm-partial"  # as farm.execute.deploy's: the probe remov
 class Stored:
     size: int
     mtime: int
+    path: str  # in the store: "BATCH/SHA256"
 
 
 @dataclass
@@ -85,23 +88,51 @@ def store_dir(device: DeviceLike) -> str:
 
 
 def listing_command(store: str) -> str:
-    """Create the store, drop partial chunks, list ``size mtime ./name`` of every chunk."""
+    """Create the store, drop partial batches (and adbd's temp files), list ``size mtime ./path``
+    of every chunk."""
     q = shlex.quote(store)
     return (f"mkdir -p {q} && cd {q} && "
-            f"{{ find . -name {shlex.quote('*' + PARTIAL_SUFFIX + '*')} -type f -exec rm -f {{}} + ; "
+            f"{{ find . -name {shlex.quote('*' + PARTIAL_SUFFIX + '*')} -prune -exec rm -rf {{}} + ; "
             f"find . -type f -exec stat -c '%s %Y %n' {{}} + 2>/dev/null; true; }}")
 
 
-def parse_listing(text: str) -> dict[str, Stored]:
+def parse_listing(text: str) -> tuple[dict[str, Stored], list[str]]:
+    """sha256 -> where the store keeps it, and the paths of strays: of two copies of a chunk the
+    bigger is kept (a copy cut short is smaller than its name says), the other is a stray."""
     found: dict[str, Stored] = {}
+    strays: list[str] = []
     for line in text.split("\n"):
         parts = line.split(" ", 2)
         if len(parts) != 3 or not parts[0].isdigit() or not parts[1].lstrip("-").isdigit():
             continue
-        name = parts[2].removeprefix("./")
-        if len(name) == 64 and "/" not in name:
-            found[name] = Stored(int(parts[0]), int(parts[1]))
-    return found
+        path = parts[2].removeprefix("./")
+        batch, _, sha = path.rpartition("/")
+        if len(sha) != 64 or "/" in batch or PARTIAL_SUFFIX in path:
+            continue
+        seen = found.get(sha)
+        if seen is None or int(parts[0]) > seen.size:
+            if seen is not None:
+                strays.append(seen.path)
+            found[sha] = Stored(int(parts[0]), int(parts[1]), path)
+        else:
+            strays.append(path)
+    return found, strays
+
+
+def remove(device: DeviceLike, store: str, paths: list[str], *, timeout: float) -> None:
+    """Remove chunk files (paths in the store), then the batch directories that are left empty."""
+    rm = f"cd {shlex.quote(store)} && rm -f --"
+    for group in groups([shlex.quote(p) for p in paths], len(rm) + 1):
+        device.shell(f"{rm} {group}", timeout=timeout, check=True)
+    batches = sorted({p.rpartition("/")[0] for p in paths} - {""})
+    rmdir = f"cd {shlex.quote(store)} && rmdir --"  # those now empty; the others refuse
+    for group in groups([shlex.quote(b) for b in batches], len(rmdir) + 20):
+        device.shell(f"{rmdir} {group} 2>/dev/null; true", timeout=timeout)
+
+
+def new_batch() -> str:
+    """A directory name for one deploy's chunks (time-ordered, unique per process and moment)."""
+    return f"b{time.time_ns():x}{os.getpid():x}"
 
 
 def missing(plans: Iterable[FileChunks], stored: dict[str, Stored]) -> dict[str, tuple[FileChunks, Chunk]]:
@@ -135,17 +166,21 @@ class _Slice:
         return n
 
 
-def push_chunks(device: DeviceLike, store: str, wanted: dict[str, tuple[FileChunks, Chunk]], *,
-                timeout: float, on_bytes: Callable[[str, int], None], cancel: threading.Event,
-                cancelled: type[Exception]) -> None:
-    """Push ``wanted`` into the store, ``CHUNKS_IN_FLIGHT`` at a time, each straight to its name: a
-    chunk cut short by a failure is shorter than its name says, which the next listing sees (a
-    missing chunk), and one altered in place is caught by the digest of the file assembled from it;
-    a rename per chunk (a process each on the device) would cost more than all of a delta's bytes.
-    The host files are mmapped once each; the caller checks their identity before and after (the
+def push_chunks(device: DeviceLike, store: str, wanted: dict[str, tuple[FileChunks, Chunk]],
+                stored: dict[str, Stored], *, timeout: float, on_bytes: Callable[[str, int], None],
+                cancel: threading.Event, cancelled: type[Exception]) -> None:
+    """Push ``wanted`` into a new batch of the store, ``CHUNKS_IN_FLIGHT`` at a time: the chunks go
+    into ``BATCH.ptefarm-partial/`` and one shell command renames the directory (a fenced command:
+    farm.device.fence; pushes write only temporary names), which costs one process on the device
+    where a rename per chunk would cost more than a delta's bytes. ``stored`` learns where they
+    are. If a push fails, the chunks that arrived are still renamed in (best effort: a retry need
+    not push them; one cut short is smaller than its name says, which the next listing sees). The
+    host files are mmapped once each; the caller checks their identity before and after (the
     chunks' digests are of the bytes read when they were chunked)."""
     if not wanted:
         return
+    batch = new_batch()
+    partial = posixpath.join(store, batch + PARTIAL_SUFFIX)
     files: dict[str, tuple] = {}  # path -> (file object, mmap, memoryview)
     try:
         for plan, _chunk in wanted.values():
@@ -159,7 +194,7 @@ def push_chunks(device: DeviceLike, store: str, wanted: dict[str, tuple[FileChun
             plan, chunk = wanted[sha]
             view = files[str(plan.path)][2][chunk.offset:chunk.offset + chunk.size]
             try:
-                device.push(_Slice(view, cancel, cancelled), posixpath.join(store, sha),
+                device.push(_Slice(view, cancel, cancelled), posixpath.join(partial, sha),
                             timeout=timeout,
                             on_bytes=lambda n, name=plan.path.name: on_bytes(name, n))
             finally:
@@ -167,11 +202,20 @@ def push_chunks(device: DeviceLike, store: str, wanted: dict[str, tuple[FileChun
 
         order = sorted(wanted, key=lambda sha: (str(wanted[sha][0].path), wanted[sha][1].offset))
         pool = ThreadPoolExecutor(min(CHUNKS_IN_FLIGHT, len(order)), thread_name_prefix="chunk-push")
+        jobs = {pool.submit(push, sha): sha for sha in order}
         try:
-            for job in [pool.submit(push, sha) for sha in order]:
+            for job in jobs:
                 job.result()
         except BaseException:
             cancel.set()  # the others stop at their next block
+            pool.shutdown(wait=True, cancel_futures=True)
+            arrived = [sha for job, sha in jobs.items()
+                       if job.done() and not job.cancelled() and job.exception() is None]
+            try:
+                _rename_batch(device, store, batch, timeout)
+                _learn(stored, wanted, batch, arrived)
+            except InfraError as e:
+                log.info("device %s: chunks of a failed push not kept: %s", device.serial, e)
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -180,21 +224,36 @@ def push_chunks(device: DeviceLike, store: str, wanted: dict[str, tuple[FileChun
             view.release()
             mm.close()
             f.close()
+    _rename_batch(device, store, batch, timeout)
+    _learn(stored, wanted, batch, order)
 
 
-def assemble(device: DeviceLike, store: str, plan: FileChunks, target: str, *, timeout: float,
-             hash_timeout: float, mtime: int | None = None) -> tuple[str | None, int]:
+def _rename_batch(device: DeviceLike, store: str, batch: str, timeout: float) -> None:
+    device.shell(f"cd {shlex.quote(store)} && mv -- {shlex.quote(batch + PARTIAL_SUFFIX)} "
+                 f"{shlex.quote(batch)}", timeout=timeout, check=True)
+
+
+def _learn(stored: dict[str, Stored], wanted: dict[str, tuple[FileChunks, Chunk]], batch: str,
+           shas: Iterable[str]) -> None:
+    now = int(time.time())
+    for sha in shas:
+        stored[sha] = Stored(wanted[sha][1].size, now, f"{batch}/{sha}")
+
+
+def assemble(device: DeviceLike, store: str, plan: FileChunks, stored: dict[str, Stored],
+             target: str, *, timeout: float, hash_timeout: float,
+             mtime: int | None = None) -> tuple[str | None, int]:
     """Write the chunks of ``plan`` in order into ``target`` on the device (an absolute partial
     name) and hash what was written in the same pass; (sha256, mtime) of ``target`` as the device
     reports them, the digest None if it printed none.
 
-    The chunk names go in a list file beside ``target`` (its partial suffix makes it a leftover the
+    The chunks' paths in the store go in a list file beside ``target`` (its partial suffix makes it a leftover the
     next probe removes), read by toybox ``xargs`` for ``touch -c`` (the store's LRU clock) and for
     ``cat``, whose output ``tee`` writes while ``sha256sum`` hashes it: one command whatever the
     number of chunks, and the file is read once. A chunk that is missing makes ``cat`` fail and the
     digest wrong, which is what the caller checks."""
     listing = target + ".chunks"
-    body = "".join(c.sha256 + "\n" for c in plan.chunks).encode()
+    body = "".join(_where(stored, c.sha256) + "\n" for c in plan.chunks).encode()
     device.push(io.BytesIO(body), listing, timeout=timeout)
     ql, qt = shlex.quote(listing), shlex.quote(target)
     date = f"touch -c -d @{mtime} -- {qt} 2>/dev/null; " if mtime is not None else ""
@@ -228,10 +287,24 @@ def device_digests(device: DeviceLike, cwd: str, names: list[str], *, timeout: f
     return out
 
 
-def damaged(device: DeviceLike, store: str, plan: FileChunks, *, timeout: float) -> set[str]:
-    """The chunks of ``plan`` whose bytes in the store are not what their name says."""
-    digests = device_digests(device, store, sorted(plan.unique()), timeout=timeout)
-    return {sha for sha in plan.unique() if digests.get(sha, ("",))[0] != sha}
+def _where(stored: dict[str, Stored], sha: str) -> str:
+    # A chunk the store never had (it cannot be: the caller pushed what was missing) is looked for
+    # under its bare name, which fails the assembly's digest rather than this deploy's bookkeeping.
+    found = stored.get(sha)
+    return found.path if found is not None else sha
+
+
+def damaged(device: DeviceLike, store: str, plan: FileChunks, stored: dict[str, Stored], *,
+            timeout: float) -> set[str]:
+    """The chunks of ``plan`` whose bytes in the store are not what their name says; they are
+    removed from the store (and from ``stored``)."""
+    paths = {sha: _where(stored, sha) for sha in plan.unique()}
+    digests = device_digests(device, store, sorted(paths.values()), timeout=timeout)
+    bad = {sha for sha, path in paths.items() if digests.get(path, ("",))[0] != sha}
+    remove(device, store, [paths[sha] for sha in sorted(bad)], timeout=timeout)
+    for sha in bad:
+        stored.pop(sha, None)
+    return bad
 
 
 def referenced(device: DeviceLike, record_name: str, *, timeout: float) -> set[str] | None:
@@ -273,17 +346,13 @@ def evict(device: DeviceLike, store: str, stored: dict[str, Stored], protected: 
             break
         victims.append(sha)
         freed += stored[sha].size
-    rm = f"cd {shlex.quote(store)} && rm -f --"
-    for group in groups(victims, len(rm) + 1):
-        device.shell(f"{rm} {group}", timeout=timeout, check=True)
+    remove(device, store, [stored[sha].path for sha in victims], timeout=timeout)
     for sha in victims:
         del stored[sha]
     return len(victims), freed
 
 
 def unchanged(plan: FileChunks) -> bool:
-    import os
-
     try:
         return identity(os.stat(plan.path)) == plan.identity
     except OSError:

@@ -364,7 +364,7 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
     free = parse_df(sections.get("df", ""))
     chunked = [f for f in to_push if policy.chunks(f.size)]
     stats = ChunkStats()
-    stored = parse_listing(sections.get("chunks", "")) if listing else {}
+    stored, strays = parse_listing(sections.get("chunks", "")) if listing else ({}, [])
     plans: dict[str, FileChunks] = {}
     want: dict[str, tuple[FileChunks, Chunk]] = {}
     if chunked:
@@ -372,11 +372,18 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
         plans = {f.name: _chunk_plan(bundle, f, policy) for f in chunked}
         stats.seconds_chunking = time.monotonic() - t
         want = chunkstore.missing(plans.values(), stored)
+        strays += [stored.pop(sha).path for sha in want if sha in stored]  # held at a wrong size
         chunked = _room_for_chunks(device, store, plans, want, stored, to_push, free, stats,
                                    timeout=timeout)
         if not chunked:
             plans, want = {}, {}
     plain = [f for f in to_push if f.name not in plans]
+    if strays:  # copies cut short or shadowed by a whole one: never used, so never kept
+        try:
+            chunkstore.remove(device, store, strays, timeout=timeout)
+        except InfraError as e:
+            log.info("device %s: stray chunks not removed (the next deploy will): %s",
+                     device.serial, e)
     # Bytes the device is to write (chunks, then files assembled from them), and bytes to send.
     need = sum(f.size for f in to_push) + sum(c.size for _, c in want.values())
     sending = sum(f.size for f in plain) + sum(c.size for _, c in want.values())
@@ -395,8 +402,8 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
                               timeout=timeout, on_progress=on_progress)
         if plans:
             try:
-                assembled = _push_chunked(device, bundle, ws, store, chunked, plans, want, stats,
-                                          need, mtime=file_mtime, timeout=timeout,
+                assembled = _push_chunked(device, bundle, ws, store, chunked, plans, want, stored,
+                                          stats, need, mtime=file_mtime, timeout=timeout,
                                           hash_timeout=hash_timeout, on_progress=on_progress)
             except BaseException:
                 discard(device, [posixpath.join(ws, f.name + PARTIAL_SUFFIX) for f in plain], timeout)
@@ -495,8 +502,6 @@ def _bound_store(device: DeviceLike, store: str, stored: dict[str, Stored],
                  timeout: float) -> None:
     """Evict the least recently used chunks beyond ``policy.store_bytes`` that no deploy record on
     the device lists. Best effort: a deploy that got here has succeeded."""
-    for sha, (_plan, chunk) in want.items():
-        stored[sha] = Stored(chunk.size, int(time.time()))
     if sum(s.size for s in stored.values()) <= policy.store_bytes:
         return
     try:
@@ -515,7 +520,8 @@ def _bound_store(device: DeviceLike, store: str, stored: dict[str, Stored],
 
 def _push_chunked(device: DeviceLike, bundle: Bundle, ws: str, store: str, files: list[BundleFile],
                   plans: dict[str, FileChunks], want: dict[str, tuple[FileChunks, Chunk]],
-                  stats: ChunkStats, need: int, *, mtime: int, timeout: float, hash_timeout: float,
+                  stored: dict[str, Stored], stats: ChunkStats, need: int, *, mtime: int,
+                  timeout: float, hash_timeout: float,
                   on_progress: ProgressCallback | None) -> dict[str, tuple[str, int]]:
     """Push the chunks the store lacks, assemble each file into its partial name and check its
     sha256 on the device (repairing damaged chunks, see farm.execute.chunkstore); name ->
@@ -538,33 +544,34 @@ def _push_chunked(device: DeviceLike, bundle: Bundle, ws: str, store: str, files
     try:
         try:
             t = time.monotonic()
-            chunkstore.push_chunks(device, store, want, **push_kw)
+            chunkstore.push_chunks(device, store, want, stored, **push_kw)
             stats.chunks_pushed += len(want)
             stats.bytes_pushed += sum(c.size for _, c in want.values())
             host_unchanged()
             stats.seconds_pushing = time.monotonic() - t
             t = time.monotonic()
             assemble = dict(timeout=timeout, hash_timeout=hash_timeout, mtime=mtime)
-            got = {f.name: chunkstore.assemble(device, store, plans[f.name], partials[f.name],
-                                               **assemble) for f in files}
+            got = {f.name: chunkstore.assemble(device, store, plans[f.name], stored,
+                                               partials[f.name], **assemble) for f in files}
             for f in files:
                 digest = got[f.name][0]
                 if digest == f.sha256:
                     continue
                 # The store lied: find the chunks that are not what their names say, push them anew.
                 plan = plans[f.name]
-                bad = chunkstore.damaged(device, store, plan, timeout=hash_timeout)
+                bad = chunkstore.damaged(device, store, plan, stored, timeout=hash_timeout)
                 if not bad:
                     chunkstore.raise_if_still_bad(device, f.name, digest, f.sha256)
                 log.warning("device %s: %d chunks of %s were damaged in the store; pushing them again",
                             device.serial, len(bad), f.name)
                 redo = {sha: (plan, plan.unique()[sha]) for sha in bad}
-                chunkstore.push_chunks(device, store, redo, **push_kw)
+                chunkstore.push_chunks(device, store, redo, stored, **push_kw)
                 stats.chunks_repaired += len(bad)
                 repaired |= bad
                 stats.bytes_pushed += sum(c.size for _, c in redo.values())
                 host_unchanged()
-                got[f.name] = chunkstore.assemble(device, store, plan, partials[f.name], **assemble)
+                got[f.name] = chunkstore.assemble(device, store, plan, stored, partials[f.name],
+                                                  **assemble)
                 if got[f.name][0] != f.sha256:
                     chunkstore.raise_if_still_bad(device, f.name, got[f.name][0], f.sha256)
         except AdbError as e:

@@ -43,6 +43,15 @@ def _store(vf, device) -> Path:
     return _host(vf, device, f"{device.workspace}/{STORE_DIR}")
 
 
+def _chunks(vf, device) -> dict[str, Path]:
+    """sha256 -> file of every chunk in the device's store (in its batch directories)."""
+    return {p.name: p for p in _store(vf, device).rglob("*") if p.is_file() and len(p.name) == 64}
+
+
+def _partials(vf, device) -> list[Path]:
+    return [p for p in _store(vf, device).rglob("*") if PARTIAL_SUFFIX in p.name]
+
+
 def _rebuilt(bundle: Bundle, name: str, edit) -> Bundle:
     """``bundle`` with file ``name`` rewritten by ``edit(bytes) -> bytes`` (a rebuild), re-described."""
     f = next(f for f in bundle.files if f.name == name)
@@ -88,7 +97,7 @@ def test_a_rebuild_pushes_only_the_chunks_around_what_changed(phone, tmp_path):
     entry = _record(vf, device, rebuilt)["model.pte"]
     assert entry["sha256"] == model.sha256 and len(entry["chunks"]) > 100
     assert not [p for p in _host(vf, device, ws).iterdir() if PARTIAL_SUFFIX in p.name]
-    assert not [p for p in _store(vf, device).iterdir() if PARTIAL_SUFFIX in p.name]
+    assert not _partials(vf, device)
     # The record vouches for the assembled file: the next deploy pushes and hashes nothing.
     third = deploy(device, rebuilt, chunking=POLICY)
     assert third.files_pushed == 0 and third.files_hashed == 0
@@ -112,7 +121,7 @@ def test_the_second_program_of_a_bundle_reuses_the_first_ones_chunks(phone, tmp_
 
 def _chunk_of(vf, device, bundle, name: str, index: int) -> Path:
     sha = _record(vf, device, bundle)[name]["chunks"][index]
-    return _store(vf, device) / sha
+    return _chunks(vf, device)[sha]
 
 
 def test_a_damaged_chunk_store_is_repaired_never_assembled_into_a_wrong_file(phone, tmp_path):
@@ -132,8 +141,12 @@ def test_a_damaged_chunk_store_is_repaired_never_assembled_into_a_wrong_file(pho
     model = rebuilt.files[0]
     ws = bundle_workspace(device, rebuilt)
     assert _device_sha(device, f"{ws}/model.pte") == model.sha256
-    for chunk in (altered, truncated, removed):  # all three hold their content again
-        assert hashlib.sha256(chunk.read_bytes()).hexdigest() == chunk.name
+    chunks = _chunks(vf, device)
+    assert {altered.name, truncated.name, removed.name} <= set(chunks)  # all three are back
+    files = [p for p in _store(vf, device).rglob("*") if p.is_file()]
+    assert len(files) == len(chunks)  # one copy each: the damaged ones are gone, not shadowed
+    for path in files:
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == path.name
 
 
 def test_a_store_that_cannot_be_repaired_is_the_devices_fault_and_deploys_nothing(
@@ -167,7 +180,7 @@ def test_the_store_is_bounded_but_keeps_every_chunk_a_deployed_file_lists(phone,
     deploy(device, a2, chunking=POLICY)
     tight = dataclasses.replace(POLICY, store_bytes=3 * MiB)
     report = deploy(device, b, chunking=tight)
-    kept = {p.name for p in _store(vf, device).iterdir()}
+    kept = set(_chunks(vf, device))
     needed = (set(_record(vf, device, a2)["model.pte"]["chunks"])
               | set(_record(vf, device, b)["model.pte"]["chunks"]))
     assert needed <= kept  # over the bound (4 MiB listed), yet nothing a deployed file lists is gone
@@ -202,7 +215,7 @@ def test_an_interrupted_chunked_push_leaves_no_partial_and_the_next_deploy_compl
     assert not (ws / "model.pte").exists() and not (ws / RECORD_NAME).exists()
     deploy(device, bundle, chunking=POLICY, timeout=10)
     assert (ws / "model.pte").read_bytes() == bundle.files[0].path.read_bytes()
-    assert not [p for p in _store(vf, device).iterdir() if PARTIAL_SUFFIX in p.name]
+    assert not _partials(vf, device)
 
 
 def test_a_full_disk_mid_chunks_is_storage_full_and_keeps_the_chunks_that_arrived(phone, tmp_path):
@@ -215,7 +228,7 @@ def test_a_full_disk_mid_chunks_is_storage_full_and_keeps_the_chunks_that_arrive
     assert not isinstance(caught.value, UsageError)
     ws = _host(vf, device, bundle_workspace(device, bundle))
     assert not [p for p in ws.iterdir() if p.name != "."]  # no file, no partial, no record
-    assert not [p for p in _store(vf, device).iterdir() if PARTIAL_SUFFIX in p.name]
+    assert not _partials(vf, device)
     vf.clear_faults(rec.serial)
     report = deploy(device, bundle, chunking=POLICY, timeout=10)
     assert (ws / "model.pte").read_bytes() == bundle.files[0].path.read_bytes()
@@ -231,7 +244,7 @@ def test_a_corrupt_host_file_is_the_bundles_error_before_any_chunk_is_pushed(pho
     path.write_bytes(bytes(data))
     with pytest.raises(UsageError, match=f"{path}.*sha256 .*manifest says .*{bundle.files[0].sha256}"):
         deploy(device, bundle, chunking=POLICY)
-    assert not _store(vf, device).exists() or not list(_store(vf, device).iterdir())
+    assert not _store(vf, device).exists() or not list(_store(vf, device).rglob("*"))
 
 
 def test_plain_policy_and_the_environment(monkeypatch):
