@@ -30,6 +30,7 @@ from farm.bundle.manifest import Bundle
 from farm.device.conditions import forced_idle, pinned_governors, read_conditions
 from farm.device.discovery import find_device
 from farm.errors import UsageError
+from farm.execute.chunking import ChunkPolicy
 from farm.execute.deploy import deploy
 from farm.execute.run import run
 from farm.execute.runprofile import RunRequest
@@ -186,7 +187,8 @@ def sample_blocks(devices: list, a: Variant, b: Variant, config: ABConfig, *, bu
 def run_ab(farm: Farm, a: Variant, b: Variant, *, soc: str, devices: int, config: ABConfig,
            budget_s: float | None = None, seed: int | None = None, run_timeout_s: float = 600.0,
            acquire_timeout_s: float = 600.0, ttl_s: float = 300.0,
-           on_look: Callable[[ABResult, int], None] | None = None) -> ABRun:
+           on_look: Callable[[ABResult, int], None] | None = None,
+           chunking: ChunkPolicy | None = None) -> ABRun:
     """Lease ``devices`` devices of ``soc``, deploy both variants and compare them (see the module)."""
     if devices < 1:
         raise UsageError(f"--devices must be at least 1, got {devices}")
@@ -207,7 +209,7 @@ def run_ab(farm: Farm, a: Variant, b: Variant, *, soc: str, devices: int, config
             timings.append(Timing.of(adb.props(), lease.device.virtual))
         for device in handles:
             for bundle in {id(v.bundle): v.bundle for v in (a, b)}.values():
-                deploy(device, bundle, timeout=min(run_timeout_s, 120.0))
+                deploy(device, bundle, timeout=min(run_timeout_s, 120.0), chunking=chunking)
         got = sample_blocks(handles, a, b, config, budget_s=budget_s, seed=seed, run_timeout_s=run_timeout_s,
                             on_look=on_look)
         least = min(timings, key=[Timing.SIMULATED, Timing.HOST_CPU, Timing.MEASURED].index)

@@ -315,6 +315,21 @@ class VirtualConfig:
     timing: str = "host"
 
 
+DEFAULT_CHUNK_MIN_BYTES = 16 << 20
+DEFAULT_CHUNK_STORE_BYTES = 8 << 30
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """``[deploy]``: chunked deploy (farm/execute/chunking.py). ``chunk_min_bytes``: files of this
+    size and more go as content-defined chunks (None, ``"off"`` in the file: none do);
+    ``chunk_store_bytes``: the bound of each device's chunk store. ``PTEFARM_CHUNK_MIN_BYTES``
+    overrides the first (CI, tests)."""
+
+    chunk_min_bytes: int | None = DEFAULT_CHUNK_MIN_BYTES
+    chunk_store_bytes: int = DEFAULT_CHUNK_STORE_BYTES
+
+
 @dataclass(frozen=True)
 class ResultsConfig:
     retention_days: float = DEFAULT_RESULTS_RETENTION_DAYS
@@ -331,6 +346,7 @@ class FarmConfig:
     results: ResultsConfig = field(default_factory=ResultsConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     virtual: VirtualConfig = field(default_factory=VirtualConfig)
+    deploy: DeployConfig = field(default_factory=DeployConfig)
     tunnels: tuple[SshTunnelConfig, ...] = ()  # the ssh entries of adb_servers, in order
 
     @property
@@ -349,6 +365,7 @@ _KNOWN = {
     "devices": {"serial", "tags"},
     "results": {"retention_days"},
     "virtual": {"timing"},
+    "deploy": {"chunk_min_bytes", "chunk_store_bytes"},
     "recovery": {"rungs", "return_timeout_s", "boot_timeout_s", "reboot_timeout_s", "probe_timeout_s"},
 }
 
@@ -591,7 +608,21 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
                          f"each ssh entry its own local_port")
     return FarmConfig(home=home, adb_servers=servers, tunnels=tuple(tunnels), pool=pool, run=run, source=source,
                       devices=devices, results=results, recovery=_recovery(raw.get("recovery", {}), loc),
-                      virtual=_virtual(raw.get("virtual", {}), loc))
+                      virtual=_virtual(raw.get("virtual", {}), loc), deploy=_deploy(raw.get("deploy", {}), loc))
+
+
+def _deploy(table: Any, loc: _Where) -> DeployConfig:
+    if not isinstance(table, dict):
+        raise UsageError(f"{loc('deploy')}: 'deploy' must be a table")
+    _check_keys(table, "deploy", "deploy", loc)
+    min_bytes = table.get("chunk_min_bytes", DEFAULT_CHUNK_MIN_BYTES)
+    if min_bytes == "off":
+        min_bytes = None
+    elif isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
+        raise UsageError(f"{loc('deploy.chunk_min_bytes')}: key 'deploy.chunk_min_bytes' must be a "
+                         f"size in bytes or \"off\", got {excerpt(min_bytes)}")
+    store = _get(table, "deploy", "chunk_store_bytes", int, DEFAULT_CHUNK_STORE_BYTES, loc, True)
+    return DeployConfig(chunk_min_bytes=min_bytes, chunk_store_bytes=store)
 
 
 def _recovery(table: Any, loc: _Where) -> RecoveryConfig:

@@ -68,6 +68,7 @@ def ab(manifest_a, manifest_b, soc, n_devices, virtual_socs, mode, seq_len, prom
     """
     from farm.ab import Variant, run_ab
     from farm.bundle import manifest as bundle_mod
+    from farm.execute.chunking import ChunkPolicy
     from farm.execute.runprofile import RunRequest
     from farm.results.ab import ABConfig
     from farm.session import open_farm, parse_soc_counts
@@ -94,7 +95,8 @@ def ab(manifest_a, manifest_b, soc, n_devices, virtual_socs, mode, seq_len, prom
     with open_farm(config, virtual=virtual) as farm:
         outcome = run_ab(farm, a, b, soc=soc.upper(), devices=n_devices, config=design, budget_s=budget_s,
                          seed=seed, run_timeout_s=config.run.command_timeout_s,
-                         acquire_timeout_s=config.pool.acquire_timeout_s, on_look=on_look)
+                         acquire_timeout_s=config.pool.acquire_timeout_s, on_look=on_look,
+                         chunking=ChunkPolicy.configured(config.deploy))
     r = outcome.result
     if as_json:
         click.echo(json.dumps(outcome.to_json(), indent=1))

@@ -31,6 +31,7 @@ from farm.session import open_tunnels
 from farm.device.discovery import find_device, scan_server
 from farm.device.probe import Device, DeviceInfo
 from farm.errors import InfraError, LeaseError, PoolError, UsageError
+from farm.execute.chunking import ChunkPolicy
 from farm.execute.deploy import VERIFY_LEVELS, DeployReport, deploy
 from farm.execute.run import RunnerFailed, RunResult, run
 from farm.execute.runprofile import UPDATERS, RunRequest
@@ -212,7 +213,7 @@ def leased_device(config: FarmConfig, device: Device, token: str | None, force: 
 
 
 def _deploy_with_progress(device: Device, bundle: bundle_mod.Bundle, verify: str,
-                          timeout: float, quiet: bool) -> DeployReport:
+                          timeout: float, quiet: bool, chunking: ChunkPolicy) -> DeployReport:
     console = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), TimeRemainingColumn(), console=console,
@@ -229,7 +230,7 @@ def _deploy_with_progress(device: Device, bundle: bundle_mod.Bundle, verify: str
             progress.update(task, advance=n, description=f"push {name}")
 
         return deploy(device, bundle, verify=verify, on_plan=on_plan, on_progress=on_progress,
-                      timeout=timeout)
+                      timeout=timeout, chunking=chunking)
 
 
 @click.command("deploy")
@@ -252,7 +253,8 @@ def deploy_cmd(manifest: str, serial: str, verify: str, lease_token: str | None,
     bundle = bundle_mod.load(manifest)
     with leased_device(config, _open_device(config, serial), lease_token, force) as device:
         report = _deploy_with_progress(device, bundle, verify,
-                                       timeout=min(config.run.command_timeout_s, 120.0), quiet=as_json)
+                                       timeout=min(config.run.command_timeout_s, 120.0), quiet=as_json,
+                                       chunking=ChunkPolicy.configured(config.deploy))
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
 
 
@@ -324,7 +326,8 @@ def run_cmd(manifest: str, serial: str, prompts: tuple[str, ...], system_prompt:
     with leased_device(config, _open_device(config, serial), lease_token, force) as device:
         if not no_deploy:
             _deploy_with_progress(device, bundle, "fast",
-                                  timeout=min(config.run.command_timeout_s, 120.0), quiet=True)
+                                  timeout=min(config.run.command_timeout_s, 120.0), quiet=True,
+                                  chunking=ChunkPolicy.configured(config.deploy))
         try:
             result = run(device, bundle, request, timeout=timeout or config.run.command_timeout_s,
                          local_dir=Path(out_dir) if out_dir else None)

@@ -24,10 +24,11 @@ import mmap
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from farm.bundle.manifest import RACY_NS
+from farm.config import DEFAULT_CHUNK_MIN_BYTES, DEFAULT_CHUNK_STORE_BYTES, DeployConfig
 from farm.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -40,30 +41,39 @@ MIN_BYTES_ENV = "PTEFARM_CHUNK_MIN_BYTES"  # a size in bytes, or "off": no file 
 class ChunkPolicy:
     """Which files a deploy pushes as chunks and how they are cut; how big the device's store may
     grow (chunks that a deployed file needs stay beyond it: see farm.execute.chunkstore)."""
-    min_file_bytes: int | None = 16 * MiB  # None: chunk nothing
+    min_file_bytes: int | None = DEFAULT_CHUNK_MIN_BYTES  # None: chunk nothing
     min_chunk: int = 64 * KiB
     avg_chunk: int = 256 * KiB
     max_chunk: int = 1 * MiB
-    store_bytes: int = 8 * GiB
+    store_bytes: int = DEFAULT_CHUNK_STORE_BYTES
 
     def chunks(self, size: int) -> bool:
         return self.min_file_bytes is not None and size >= max(self.min_file_bytes, 1)
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> ChunkPolicy:
-        """The default policy, with ``PTEFARM_CHUNK_MIN_BYTES`` (bytes, or "off") if set."""
+    def configured(cls, deploy: DeployConfig, env: dict[str, str] | None = None) -> ChunkPolicy:
+        """The config's ``[deploy]`` policy, with ``PTEFARM_CHUNK_MIN_BYTES`` over it if set."""
+        return cls.from_env(env, base=cls(min_file_bytes=deploy.chunk_min_bytes,
+                                          store_bytes=deploy.chunk_store_bytes))
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, *,
+                 base: ChunkPolicy | None = None) -> ChunkPolicy:
+        """``base`` (default: the defaults) with ``PTEFARM_CHUNK_MIN_BYTES`` (bytes, or "off") if
+        set."""
+        base = base or cls()
         value = (os.environ if env is None else env).get(MIN_BYTES_ENV, "").strip()
         if not value:
-            return cls()
+            return base
         if value.lower() == "off":
-            return cls(min_file_bytes=None)
+            return replace(base, min_file_bytes=None)
         try:
             n = int(value)
         except ValueError:
             raise UsageError(f"{MIN_BYTES_ENV}={value!r}: expected a size in bytes or 'off'") from None
         if n < 0:
             raise UsageError(f"{MIN_BYTES_ENV}={value!r}: a size cannot be negative")
-        return cls(min_file_bytes=n)
+        return replace(base, min_file_bytes=n)
 
 
 PLAIN = ChunkPolicy(min_file_bytes=None)

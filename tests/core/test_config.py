@@ -90,6 +90,10 @@ def test_file_from_the_environment(tmp_path, monkeypatch):
     ('[recovery]\nrungs = "reboot"\n', "farm.toml:2: key 'recovery.rungs' must be list"),
     ('[recovery]\nboot_timeout_s = 0\n', "farm.toml:2: key 'recovery.boot_timeout_s'"),
     ('[recovery]\nwait_s = 5\n', "farm.toml:2: unknown key 'recovery.wait_s'"),
+    ('[deploy]\nchunk_min_bytes = "16M"\n', "farm.toml:2: key 'deploy.chunk_min_bytes' must be a size"),
+    ('[deploy]\nchunk_min_bytes = -1\n', "farm.toml:2: key 'deploy.chunk_min_bytes'"),
+    ('[deploy]\nchunk_store_bytes = 0\n', "farm.toml:2: key 'deploy.chunk_store_bytes'"),
+    ('[deploy]\nchunks = true\n', "farm.toml:2: unknown key 'deploy.chunks'"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, needle):
     path = tmp_path / "farm.toml"
@@ -107,6 +111,21 @@ def test_the_recovery_ladder_is_configured_per_farm(tmp_path):
     assert ladder.return_timeout_s == 60.0 and ladder.probe_timeout_s == 10.0  # the defaults
     path.write_text('[recovery]\nrungs = []\n')
     assert load_config(path).recovery.rungs == ()  # quarantine by the count alone
+
+
+def test_chunked_deploy_is_configured_per_farm_and_the_environment_overrides_the_threshold(tmp_path):
+    from farm.execute.chunking import MIN_BYTES_ENV, ChunkPolicy
+
+    path = tmp_path / "farm.toml"
+    path.write_text('[deploy]\nchunk_min_bytes = 1048576\nchunk_store_bytes = 2147483648\n')
+    policy = ChunkPolicy.configured(load_config(path).deploy, env={})
+    assert policy.min_file_bytes == 1 << 20 and policy.store_bytes == 2 << 30
+    assert ChunkPolicy.configured(load_config(path).deploy, env={MIN_BYTES_ENV: "off"}) \
+        == ChunkPolicy(min_file_bytes=None, store_bytes=2 << 30)
+    path.write_text('[deploy]\nchunk_min_bytes = "off"\n')
+    assert not ChunkPolicy.configured(load_config(path).deploy, env={}).chunks(1 << 40)
+    path.write_text("")
+    assert ChunkPolicy.configured(load_config(path).deploy, env={}) == ChunkPolicy()  # the defaults
 
 
 def test_explicit_missing_file(tmp_path):
