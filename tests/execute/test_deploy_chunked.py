@@ -45,7 +45,8 @@ def _store(vf, device) -> Path:
 
 def _chunks(vf, device) -> dict[str, Path]:
     """sha256 -> file of every chunk in the device's store (in its batch directories)."""
-    return {p.name: p for p in _store(vf, device).rglob("*") if p.is_file() and len(p.name) == 64}
+    return {p.name: p for p in _store(vf, device).rglob("*")
+            if p.is_file() and len(p.name) == 64 and PARTIAL_SUFFIX not in str(p)}
 
 
 def _partials(vf, device) -> list[Path]:
@@ -256,3 +257,42 @@ def test_plain_policy_and_the_environment(monkeypatch):
     monkeypatch.setenv(chunking.MIN_BYTES_ENV, "lots")
     with pytest.raises(UsageError, match=f"{chunking.MIN_BYTES_ENV}='lots'"):
         ChunkPolicy.from_env()
+
+
+class _Lease:
+    """What FencedDevice needs of a lease: its token, and a clock that still trusts it."""
+
+    def __init__(self, token: str):
+        self.token = token
+
+    def check(self) -> None:
+        pass
+
+
+def test_a_superseded_holder_puts_no_chunk_in_the_store(phone, tmp_path, monkeypatch):
+    """A holder that lost the device between its chunk pushes and their rename: the rename is a
+    fenced command, refused; its chunks stay under the temporary name the next deploy removes."""
+    from farm.device.fence import FencedDevice
+    from farm.errors import LeaseLost
+
+    vf, rec, device = phone
+    bundle = make_bundle(tmp_path / "b", "fenced", {"model.pte": 2 * MiB})
+    old = FencedDevice(device, _Lease("old" * 8))
+    old.claim()
+    rename = chunkstore._rename_batch
+
+    def taken_over_first(*args, **kwargs):
+        FencedDevice(device, _Lease("new" * 8)).claim()  # another lease claims the device now
+        return rename(*args, **kwargs)
+
+    monkeypatch.setattr(chunkstore, "_rename_batch", taken_over_first)
+    with pytest.raises(LeaseLost):
+        deploy(old, bundle, chunking=POLICY)
+    monkeypatch.setattr(chunkstore, "_rename_batch", rename)
+    assert not _chunks(vf, device) and _partials(vf, device)  # pushed, but not under a real name
+    ws = _host(vf, device, bundle_workspace(device, bundle))
+    assert not (ws / "model.pte").exists() and not (ws / RECORD_NAME).exists()
+
+    report = deploy(FencedDevice(device, _Lease("new" * 8)), bundle, chunking=POLICY)
+    assert report.pushed == ["model.pte"] and not _partials(vf, device)
+    assert (ws / "model.pte").read_bytes() == bundle.files[0].path.read_bytes()
