@@ -4,13 +4,15 @@
 
 The programs are real ExecuTorch exports of one reference llama (dim 512, 8 layers, ~99 MB of fp32
 weights in each program), built by this bench with the farm's exporter and cached in ``--cache``
-(default ``$PTEFARM_HOME/bench-delta``; about four minutes the first time):
+(default ``$PTEFARM_HOME/bench-delta``; about five minutes the first time):
 
 - ``kv``: the kv program (the base: what the device holds before each case);
 - ``hybrid``: the bundle's second program (prefill + kv methods over the same weights);
 - ``kv, context 256``: a rebuild with a changed graph: max_seq_len 128 -> 256 (cache and mask
   shapes, rope tables, the metadata methods), the same weights;
-- ``kv, 5 % of weights``: a rebuild with whole tensors re-drawn, 5 % of the weight bytes.
+- ``kv, 5 % of weights``: a rebuild with whole tensors re-drawn, 5 % of the weight bytes;
+- ``hybrid, context 256``: the second program rebuilt the same way, for the case of a whole bundle
+  rebuilt (both programs, the device holding both before: their files are assembled side by side).
 
 Each case, each round, on both links (unthrottled, and the virtual device's link fault at ``--mbps``
 MB/s, a phone's USB 2):
@@ -45,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 MB = 1_000_000
 TARGET_SECOND, TARGET_REBUILD, TARGET_WALL = 0.15, 0.05, 0.15
 KV, HYBRID, CTX256, W5 = "kv", "hybrid", "kv, context 256", "kv, 5 % of weights"
+HYBRID_CTX256 = "hybrid, context 256"
 FILE = {KV: "kv_llama_xnnpack.pte", HYBRID: "hybrid_llama_xnnpack.pte"}
 
 
@@ -59,7 +62,7 @@ def _config():
 def build_programs(cache: Path) -> dict[str, Path]:
     """The four programs, exported once into ``cache`` (each written to a temp name, then renamed)."""
     paths = {KV: cache / "kv.pte", HYBRID: cache / "hybrid.pte", CTX256: cache / "kv-ctx256.pte",
-             W5: cache / "kv-w5.pte"}
+             W5: cache / "kv-w5.pte", HYBRID_CTX256: cache / "hybrid-ctx256.pte"}
     if all(p.is_file() for p in paths.values()):
         return paths
     import torch
@@ -77,7 +80,9 @@ def build_programs(cache: Path) -> dict[str, Path]:
             HYBRID: lambda: ({"prefill_forward": StaticLlama(weights, cfg.prefill_ar_len),
                               "kv_forward": StaticLlama(weights, 1)}, cfg),
             CTX256: lambda: ({"forward": StaticLlama(weights_ctx, 1)}, ctx),
-            W5: lambda: ({"forward": StaticLlama(weights_w5, 1)}, cfg)}
+            W5: lambda: ({"forward": StaticLlama(weights_w5, 1)}, cfg),
+            HYBRID_CTX256: lambda: ({"prefill_forward": StaticLlama(weights_ctx, cfg.prefill_ar_len),
+                                     "kv_forward": StaticLlama(weights_ctx, 1)}, ctx)}
     with torch.no_grad():
         for case, job in jobs.items():
             if paths[case].is_file():
@@ -107,7 +112,9 @@ def synthetic_programs(root: Path, mb: int) -> dict[str, Path]:
     data = {KV: header + weights, HYBRID: rnd.randbytes(96 * 1024) + weights,
             CTX256: rnd.randbytes(64 * 1024) + weights[:len(weights) // 2] + rnd.randbytes(4096)
             + weights[len(weights) // 2:],
-            W5: header + bytes(w5)}
+            W5: header + bytes(w5),
+            HYBRID_CTX256: rnd.randbytes(96 * 1024) + weights[:len(weights) // 3] + rnd.randbytes(4096)
+            + weights[len(weights) // 3:]}
     paths = {}
     for case, body in data.items():
         paths[case] = root / (case.replace(" ", "").replace(",", "-").replace("%", "pct") + ".bin")
@@ -191,11 +198,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-delta-") as tmp_s:
         tmp = Path(tmp_s)
         base = _bundle(tmp / "base", {FILE[KV]: programs[KV]})
+        both = _bundle(tmp / "base2", {FILE[KV]: programs[KV], FILE[HYBRID]: programs[HYBRID]})
+        # case -> (what the device holds first, the bundle deployed then, the programs that changed)
         cases = {
-            "second program": (_bundle(tmp / "a", {FILE[KV]: programs[KV],
-                                                   FILE[HYBRID]: programs[HYBRID]}), HYBRID),
-            "rebuild, changed graph": (_bundle(tmp / "b", {FILE[KV]: programs[CTX256]}), CTX256),
-            "rebuild, 5 % of weights": (_bundle(tmp / "c", {FILE[KV]: programs[W5]}), W5),
+            "second program": (base, _bundle(tmp / "a", {FILE[KV]: programs[KV],
+                                                         FILE[HYBRID]: programs[HYBRID]}), [HYBRID]),
+            "rebuild, changed graph": (base, _bundle(tmp / "b", {FILE[KV]: programs[CTX256]}),
+                                       [CTX256]),
+            "rebuild, 5 % of weights": (base, _bundle(tmp / "c", {FILE[KV]: programs[W5]}), [W5]),
+            "bundle rebuilt, graph": (both, _bundle(tmp / "d", {FILE[KV]: programs[CTX256],
+                                                                FILE[HYBRID]: programs[HYBRID_CTX256]}),
+                                      [CTX256, HYBRID_CTX256]),
         }
         with VirtualFarm(home=tmp / "farm") as vf:
             (dev,) = vf.up([VirtualDeviceSpec(soc="SM8650")])
@@ -216,17 +229,18 @@ def main() -> None:
                 else:
                     vf.clear_faults(dev.serial)
                 for _ in range(args.rounds):
-                    for case, (bundle, program) in cases.items():
+                    for case, (first, bundle, changed) in cases.items():
                         row = results.setdefault((link, case), {"bytes": [], "wall": [],
                                                                 "plain_wall": [], "cold": [],
                                                                 "plain_cold": []})
                         device.shell(wipe, timeout=60, check=True)
-                        cold, _ = timed(base, chunked)
+                        cold, _ = timed(first, chunked)
                         wall, report = timed(bundle, chunked)
                         device.shell(wipe, timeout=60, check=True)
-                        plain_cold, _ = timed(base, PLAIN)
+                        plain_cold, _ = timed(first, PLAIN)
                         plain_wall, plain = timed(bundle, PLAIN)
-                        assert plain.bytes_pushed == sizes[program], (plain.bytes_pushed, program)
+                        expected = sum(sizes[p] for p in changed)
+                        assert plain.bytes_pushed == expected, (plain.bytes_pushed, changed)
                         for phase in ("chunking", "pushing", "assembling"):
                             row.setdefault(phase, []).append(report.chunks[f"seconds_{phase}"])
                         row.setdefault("chunked_wall", []).append(wall)

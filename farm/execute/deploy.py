@@ -551,8 +551,14 @@ def _push_chunked(device: DeviceLike, bundle: Bundle, ws: str, store: str, files
             stats.seconds_pushing = time.monotonic() - t
             t = time.monotonic()
             assemble = dict(timeout=timeout, hash_timeout=hash_timeout, mtime=mtime)
-            got = {f.name: chunkstore.assemble(device, store, plans[f.name], stored,
-                                               partials[f.name], **assemble) for f in files}
+            # Each file assembled and hashed by a command of its own, IN_FLIGHT at once: a phone
+            # has cores to spare, and a bundle's programs are rebuilt together.
+            with ThreadPoolExecutor(min(IN_FLIGHT, len(files)),
+                                    thread_name_prefix="deploy-assemble") as assemblers:
+                jobs = {f.name: assemblers.submit(chunkstore.assemble, device, store, plans[f.name],
+                                                  stored, partials[f.name], **assemble)
+                        for f in files}
+                got = {name: job.result() for name, job in jobs.items()}
             for f in files:
                 digest = got[f.name][0]
                 if digest == f.sha256:
