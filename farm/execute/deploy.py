@@ -37,6 +37,13 @@ file it streamed, from one of two places:
   verifies a new bundle in the same pass that pushes it instead of reading it twice; the digest then
   serves the next device's push (``remember_digest``) if the file was settled and did not change.
 
+Files of ``ChunkPolicy.min_file_bytes`` and more (16 MiB; the config's ``[deploy]``) that must be
+pushed go as content-defined chunks through the device's chunk store instead (farm.execute.chunking,
+farm.execute.chunkstore): only the chunks the store lacks are sent, the file is assembled on the device
+into the same partial name and renamed with the others only if the device's sha256 of it is the
+manifest's, which is what the record then holds for it, with the list of its chunks (what the store's
+eviction keeps). A device without room for the chunks and the assembled file gets whole files.
+
 A host file whose bytes differ from the manifest's digest, or that changed during its push, is refused
 (``UsageError`` naming it and both digests), its partial file removed, and it is not recorded.
 
