@@ -362,8 +362,14 @@ _digest_cache: dict[tuple[str, int, int, int, int, int], str] = {}
 _digest_lock = threading.Lock()
 
 
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What says a file is the one it was (size, mtime, ctime, inode, device), from its ``os.stat``:
+    a write moves its times, a replacement its inode."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
 def _identity(path: Path, st: os.stat_result) -> tuple[str, int, int, int, int, int]:
-    return (str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    return (str(path), *file_identity(st))
 
 
 def file_digest(path: Path) -> str:

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from farm.bundle.manifest import RACY_NS
+from farm.bundle.manifest import RACY_NS, file_identity
 from farm.config import DEFAULT_CHUNK_MIN_BYTES, DEFAULT_CHUNK_STORE_BYTES, DeployConfig
 from farm.errors import UsageError
 
@@ -94,16 +94,19 @@ class FileChunks:
     chunks: tuple[Chunk, ...]
     identity: tuple[int, int, int, int, int]  # the file's when it was read; a push checks it again
 
+    def unchanged(self) -> bool:
+        """Whether the host file is still the one these chunks were cut from."""
+        try:
+            return file_identity(os.stat(self.path)) == self.identity
+        except OSError:
+            return False
+
     def unique(self) -> dict[str, Chunk]:
         """Each distinct chunk once (a file can repeat itself: zero padding, tied embeddings)."""
         seen: dict[str, Chunk] = {}
         for c in self.chunks:
             seen.setdefault(c.sha256, c)
         return seen
-
-
-def identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 
 
 _cache: dict[tuple[str, tuple[int, int, int, int, int], tuple[int, int, int]], FileChunks] = {}
@@ -121,7 +124,7 @@ def chunk_file(path: Path, policy: ChunkPolicy, *, file_digest: str | None = Non
     for _attempt in range(2):
         started = time.time_ns()
         before = os.stat(path)
-        key = (str(path), identity(before), params)
+        key = (str(path), file_identity(before), params)
         with _cache_lock:
             hit = _cache.get(key)
         if hit is not None:
@@ -150,10 +153,10 @@ def chunk_file(path: Path, policy: ChunkPolicy, *, file_digest: str | None = Non
                         hasher.join()
                     view.release()
         after = os.stat(path)
-        if identity(after) == identity(before):
+        if file_identity(after) == file_identity(before):
             result = FileChunks(Path(path), before.st_size,
                                 file_digest if whole is None else whole.hexdigest(),
-                                tuple(chunks), identity(before))
+                                tuple(chunks), file_identity(before))
             if max(before.st_mtime_ns, before.st_ctime_ns) < started - RACY_NS:
                 with _cache_lock:  # only a settled file: one rewritten within its clock tick is not
                     _cache[key] = result

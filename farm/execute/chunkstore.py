@@ -1,20 +1,20 @@
 """The device's chunk store, and the chunked push of a file through it.
 
-``<device workspace>/.ptefarm-chunks/`` holds chunks (farm.execute.chunking) as files named by their
-sha256, shared by every bundle deployed to the device. A chunked push of a file:
+``<device workspace>/.ptefarm-chunks/BATCH/SHA256`` holds chunks (farm.execute.chunking), each named
+by its sha256, shared by every bundle deployed to the device; a batch is the chunks one deploy
+pushed. A chunked push of a file:
 
 1. lists the store (one ``find``, in the deploy's probe): a chunk is there when a file of its name
-   has its size; a truncated one is simply missing;
-2. pushes the missing chunks, ``CHUNKS_IN_FLIGHT`` at a time over kept sync streams, each straight
-   to its name (a chunk an interrupted push cut short has the wrong size: missing, next time);
-3. assembles the file on the device with what every phone has, toybox ``cat`` of the chunks in order
-   into the file's partial name (several commands when the names do not fit in one, see
-   ``COMMAND_BYTES``), touching the chunks it read (their mtime is the store's LRU clock);
-4. hashes the assembled file on the device (``sha256sum``): the deploy record then says what a digest
-   on the device confirmed. A wrong digest means the store lied (a chunk altered in place, same
-   size): every chunk of that file is hashed on the device, the bad ones removed and pushed again,
-   and the file assembled once more; a file that is still wrong is the device's fault (``AdbError``),
-   never renamed into place.
+   has its size; a truncated one is simply missing, and a second, smaller copy is a stray, removed;
+2. pushes the missing chunks, ``CHUNKS_IN_FLIGHT`` at a time over kept sync streams, into a batch
+   under a temporary name that one fenced command renames into place (``push_chunks``);
+3. assembles the file on the device with what every phone has, toybox ``xargs``, ``cat`` and ``tee``
+   into the file's partial name, touching the chunks it reads (their mtime is the store's LRU
+   clock), and hashes it (``sha256sum``) in the same pass (``assemble``): the deploy record then
+   says what a digest on the device confirmed. A wrong digest means the store lied (a chunk altered
+   in place, same size): every chunk of that file is hashed on the device, the bad ones removed and
+   pushed again, and the file assembled once more; a file that is still wrong is the device's fault
+   (``AdbError``), never renamed into place.
 
 The store is bounded by ``ChunkPolicy.store_bytes``: after a deploy, chunks are evicted oldest use
 first, but never one that a deploy record on the device (this bundle's or another's) lists for a
@@ -40,14 +40,13 @@ from dataclasses import dataclass, field
 
 from farm.device.protocol import DeviceLike
 from farm.errors import AdbError, InfraError
-from farm.execute.chunking import Chunk, FileChunks, identity
-from farm.execute.devicecmd import groups, parse_sha256sum, parse_stat
+from farm.execute.chunking import Chunk, FileChunks
+from farm.execute.devicecmd import PARTIAL_SUFFIX, groups, parse_sha256sum
 
 log = logging.getLogger(__name__)
 
 STORE_DIR = ".ptefarm-chunks"
 CHUNKS_IN_FLIGHT = 4  # chunk pushes at once: a chunk is small, so a round trip is a good part of it
-PARTIAL_SUFFIX = ".ptefarm-partial"  # as farm.execute.deploy's: the probe removes leftovers of both
 
 
 @dataclass(frozen=True)
@@ -247,8 +246,8 @@ def assemble(device: DeviceLike, store: str, plan: FileChunks, stored: dict[str,
     name) and hash what was written in the same pass; (sha256, mtime) of ``target`` as the device
     reports them, the digest None if it printed none.
 
-    The chunks' paths in the store go in a list file beside ``target`` (its partial suffix makes it a leftover the
-    next probe removes), read by toybox ``xargs`` for ``touch -c`` (the store's LRU clock) and for
+    The chunks' paths in the store go in a list file beside ``target`` (its partial suffix makes it
+    a leftover the next probe removes), read by toybox ``xargs`` for ``touch -c`` (the store's LRU clock) and for
     ``cat``, whose output ``tee`` writes while ``sha256sum`` hashes it: one command whatever the
     number of chunks, and the file is read once. A chunk that is missing makes ``cat`` fail and the
     digest wrong, which is what the caller checks."""
@@ -268,22 +267,12 @@ def assemble(device: DeviceLike, store: str, plan: FileChunks, stored: dict[str,
     return digest, int(stamp[0]) if stamp and stamp[0].lstrip("-").isdigit() else 0
 
 
-def device_digests(device: DeviceLike, cwd: str, names: list[str], *, timeout: float,
-                   mtime: int | None = None) -> dict[str, tuple[str, int]]:
-    """name -> (sha256, mtime) of files in ``cwd`` on the device, dated ``mtime`` first if given."""
-    out: dict[str, tuple[str, int]] = {}
-    cd = f"cd {shlex.quote(cwd)} && "
-    for group in groups([shlex.quote(n) for n in names], len(cd) + 120):
-        touch = f"{{ touch -c -d @{mtime} -- {group} 2>/dev/null; true; }} && " if mtime else ""
-        result = device.shell(f"{cd}{touch}sha256sum -- {group} && echo @@stat && "
-                              f"stat -c '%s %Y %n' -- {group}", timeout=timeout)
-        text = result.out
-        digests_text, _, stat_text = text.partition("\n@@stat\n")
-        digests = parse_sha256sum(digests_text)
-        stats = parse_stat(stat_text)
-        for n in names:
-            if n in digests and n in stats:
-                out[n] = (digests[n], stats[n].mtime)
+def device_digests(device: DeviceLike, cwd: str, names: list[str], *, timeout: float) -> dict[str, str]:
+    """name -> sha256 of the files ``names`` in ``cwd`` on the device (a missing one has none)."""
+    out: dict[str, str] = {}
+    sha = f"cd {shlex.quote(cwd)} && sha256sum --"
+    for group in groups([shlex.quote(n) for n in names], len(sha) + 1):
+        out.update(parse_sha256sum(device.shell(f"{sha} {group}", timeout=timeout).out))
     return out
 
 
@@ -300,7 +289,7 @@ def damaged(device: DeviceLike, store: str, plan: FileChunks, stored: dict[str, 
     removed from the store (and from ``stored``)."""
     paths = {sha: _where(stored, sha) for sha in plan.unique()}
     digests = device_digests(device, store, sorted(paths.values()), timeout=timeout)
-    bad = {sha for sha, path in paths.items() if digests.get(path, ("",))[0] != sha}
+    bad = {sha for sha, path in paths.items() if digests.get(path) != sha}
     remove(device, store, [paths[sha] for sha in sorted(bad)], timeout=timeout)
     for sha in bad:
         stored.pop(sha, None)
@@ -352,14 +341,8 @@ def evict(device: DeviceLike, store: str, stored: dict[str, Stored], protected: 
     return len(victims), freed
 
 
-def unchanged(plan: FileChunks) -> bool:
-    try:
-        return identity(os.stat(plan.path)) == plan.identity
-    except OSError:
-        return False
-
-
-def raise_if_still_bad(device: DeviceLike, name: str, got: str | None, want: str) -> None:
-    raise AdbError(f"device {device.serial}: {name} assembled from chunks that hash right has "
-                   f"sha256 {got or 'unknown'}, expected {want}: the device does not keep what it "
-                   f"is given", serial=device.serial)
+def assembled_wrong(device: DeviceLike, name: str, got: str | None, want: str) -> AdbError:
+    """The error of a file the device assembled wrong from chunks that hash right: the device's."""
+    return AdbError(f"device {device.serial}: {name} assembled from chunks that hash right has "
+                    f"sha256 {got or 'unknown'}, expected {want}: the device does not keep what it "
+                    f"is given", serial=device.serial)

@@ -77,19 +77,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from farm.bundle.manifest import (Bundle, BundleFile, cached_digest, check_workspace_name,
-                                  remember_digest)
+                                  file_identity, remember_digest)
 from farm.device.probe import parse_df, split_sections
 from farm.device.protocol import DeviceLike
 from farm.execute import chunkstore
 from farm.execute.chunking import Chunk, ChunkPolicy, FileChunks, chunk_file
 from farm.execute.chunkstore import ChunkStats, Stored, listing_command, parse_listing, store_dir
-from farm.execute.devicecmd import discard, groups, parse_sha256sum, parse_stat
+from farm.execute.devicecmd import PARTIAL_SUFFIX, discard, groups, parse_sha256sum, parse_stat
 from farm.errors import AdbError, InfraError, UsageError
 
 log = logging.getLogger(__name__)
 
 RECORD_NAME = ".ptefarm-deploy.json"
-PARTIAL_SUFFIX = ".ptefarm-partial"
 Verify = Literal["fast", "full"]
 VERIFY_LEVELS = ("fast", "full")
 
@@ -223,10 +222,6 @@ class _Progress:
                 if self.callback:
                     self.callback(name, n)
         return on_bytes
-
-
-def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 
 
 def _where(bundle: Bundle) -> str:
@@ -422,11 +417,10 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
             if f.name in digests:
                 known[f.name] = digests[f.name]
                 report.files_pushed += 1
-                report.bytes_pushed += f.size if f.name not in plans else 0
+                if f.name not in plans:  # a chunked file's bytes sent are its chunks', below
+                    report.bytes_pushed += f.size
                 report.pushed.append(f.name)
         report.bytes_pushed += stats.bytes_pushed
-        if stats.files or stats.fallback:
-            report.chunks = stats.to_dict()
 
         if not to_push and not to_hash and record_file is not None:
             report.seconds = time.monotonic() - started
@@ -448,8 +442,8 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
         device.shell(command, timeout=timeout, check=True)
     if listing:
         _bound_store(device, store, stored, want, policy, stats, timeout=timeout)
-        if stats.files or stats.fallback or stats.chunks_evicted:
-            report.chunks = stats.to_dict()
+    if stats.files or stats.fallback or stats.chunks_evicted:
+        report.chunks = stats.to_dict()
     report.seconds = time.monotonic() - started
     return report
 
@@ -541,13 +535,14 @@ def _push_chunked(device: DeviceLike, bundle: Bundle, ws: str, store: str, files
 
     def host_unchanged() -> None:
         for f in files:
-            if not chunkstore.unchanged(plans[f.name]):
+            if not plans[f.name].unchanged():
                 raise UsageError(f"{_where(bundle)}: {f.path} changed while it was pushed; "
                                  f"not deployed")
 
     repaired: set[str] = set()
+    every = {sha: c for p in plans.values() for sha, c in p.unique().items()}  # each chunk once
     stats.files = len(files)
-    stats.chunks = len(set().union(*(p.unique() for p in plans.values())))
+    stats.chunks = len(every)
     try:
         try:
             t = time.monotonic()
@@ -574,7 +569,7 @@ def _push_chunked(device: DeviceLike, bundle: Bundle, ws: str, store: str, files
                 plan = plans[f.name]
                 bad = chunkstore.damaged(device, store, plan, stored, timeout=hash_timeout)
                 if not bad:
-                    chunkstore.raise_if_still_bad(device, f.name, digest, f.sha256)
+                    raise chunkstore.assembled_wrong(device, f.name, digest, f.sha256)
                 log.warning("device %s: %d chunks of %s were damaged in the store; pushing them again",
                             device.serial, len(bad), f.name)
                 redo = {sha: (plan, plan.unique()[sha]) for sha in bad}
@@ -586,7 +581,7 @@ def _push_chunked(device: DeviceLike, bundle: Bundle, ws: str, store: str, files
                 got[f.name] = chunkstore.assemble(device, store, plan, stored, partials[f.name],
                                                   **assemble)
                 if got[f.name][0] != f.sha256:
-                    chunkstore.raise_if_still_bad(device, f.name, got[f.name][0], f.sha256)
+                    raise chunkstore.assembled_wrong(device, f.name, got[f.name][0], f.sha256)
         except AdbError as e:
             if "space" not in str(e).lower():
                 raise
@@ -605,7 +600,6 @@ def _push_chunked(device: DeviceLike, bundle: Bundle, ws: str, store: str, files
     for f in files:
         stats.chunk_lists[f.name] = [c.sha256 for c in plans[f.name].chunks]
     sent = set(want) | repaired
-    every = {sha: c for p in plans.values() for sha, c in p.unique().items()}
     stats.chunks_reused = len(every.keys() - sent)
     stats.bytes_reused = sum(c.size for sha, c in every.items() if sha not in sent)
     return {f.name: got[f.name] for f in files}
@@ -675,7 +669,7 @@ def _push_one(device: DeviceLike, bundle: Bundle, f: BundleFile, ws: str, need: 
             finally:
                 src.close()
         after = os.stat(f.path)
-        if _identity(before) != _identity(after):  # a build still writing it: not what to deploy
+        if file_identity(before) != file_identity(after):  # a build still writing it: not what to deploy
             raise UsageError(f"{_where(bundle)}: {f.path} changed while it was pushed; "
                              f"not deployed")
         if cached is not None:

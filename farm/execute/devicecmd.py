@@ -22,6 +22,11 @@ log = logging.getLogger(__name__)
 # that allows less; a 10,000-file bundle still needs only a few dozen commands.
 COMMAND_BYTES = 16 * 1024
 
+# A pushed file's temporary name ends in this until one command renames it in; any name holding it is
+# a leftover of an interrupted deploy, which the next deploy removes (the workspace's and the chunk
+# store's alike).
+PARTIAL_SUFFIX = ".ptefarm-partial"
+
 @dataclass(frozen=True)
 class Remote:
     size: int
