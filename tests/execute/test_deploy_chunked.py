@@ -20,6 +20,7 @@ from farm.execute.chunking import PLAIN, ChunkPolicy
 from farm.execute.chunkstore import STORE_DIR
 from farm.execute.deploy import PARTIAL_SUFFIX, RECORD_NAME, bundle_workspace, deploy
 from farm.virtual import VirtualDeviceSpec, VirtualFarm
+from tests.support.devices import wait_for_sync_sessions_to_end
 from tests.support.random_bundle import make_bundle
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -229,11 +230,16 @@ def test_a_full_disk_mid_chunks_is_storage_full_and_keeps_the_chunks_that_arrive
     assert not isinstance(caught.value, UsageError)
     ws = _host(vf, device, bundle_workspace(device, bundle))
     assert not [p for p in ws.iterdir() if p.name != "."]  # no file, no partial, no record
-    assert not _partials(vf, device)
+    # The device serves the sends it had queued after the client gave up on them (a send into the
+    # renamed batch makes its directory again, adbd's mkdir of parents): no chunk of them stays
+    # under a temporary name once its sessions end, and the next deploy removes what they left.
+    wait_for_sync_sessions_to_end(vf, rec.serial)
+    assert not [p for p in _partials(vf, device) if p.is_file()]
     vf.clear_faults(rec.serial)
     report = deploy(device, bundle, chunking=POLICY, timeout=10)
     assert (ws / "model.pte").read_bytes() == bundle.files[0].path.read_bytes()
     assert report.chunks["chunks_reused"] > 0  # what arrived before the disk filled is not pushed again
+    assert not _partials(vf, device)
 
 
 def test_a_corrupt_host_file_is_the_bundles_error_before_any_chunk_is_pushed(phone, tmp_path):
