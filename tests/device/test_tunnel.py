@@ -169,7 +169,11 @@ def test_device_over_ssh(device):
 
 
 def test_the_forward_dying_mid_test_is_an_infrastructure_error_and_the_rerun_passes(tmp_path, sshd, remote):
-    config = _config(tmp_path, sshd, remote)
+    from farm.virtual.manager import free_port
+
+    # A port free now, not the one derived from the target: on a busy host another process held
+    # that one once ("Address already in use"), which is not what this test is about.
+    config = _config(tmp_path, sshd, remote, local_port=free_port())
     [tunnel] = load_config(config).tunnels
     (tmp_path / "test_over_ssh.py").write_text(KILL_THE_FORWARD_ONCE)
     out = tmp_path / "out"
