@@ -8,9 +8,9 @@ pushed. A chunked push of a file:
    has its size; a truncated one is simply missing, and a second, smaller copy is a stray, removed;
 2. pushes the missing chunks, ``CHUNKS_IN_FLIGHT`` at a time over kept sync streams, into a batch
    under a temporary name that one fenced command renames into place (``push_chunks``);
-3. assembles the file on the device with what every phone has, toybox ``xargs``, ``cat`` and ``tee``
-   into the file's partial name, touching the chunks it reads (their mtime is the store's LRU
-   clock), and hashes it (``sha256sum``) in the same pass (``assemble``): the deploy record then
+3. assembles the file on the device with what every phone has, toybox ``xargs`` and ``cat`` into
+   the file's partial name, touching the chunks it reads (their mtime is the store's LRU clock),
+   then hashes it (``sha256sum``) from the page cache (``assemble``): the deploy record then
    says what a digest on the device confirmed. A wrong digest means the store lied (a chunk altered
    in place, same size): every chunk of that file is hashed on the device, the bad ones removed and
    pushed again, and the file assembled once more; a file that is still wrong is the device's fault
@@ -243,21 +243,23 @@ def assemble(device: DeviceLike, store: str, plan: FileChunks, stored: dict[str,
              target: str, *, timeout: float, hash_timeout: float,
              mtime: int | None = None) -> tuple[str | None, int]:
     """Write the chunks of ``plan`` in order into ``target`` on the device (an absolute partial
-    name) and hash what was written in the same pass; (sha256, mtime) of ``target`` as the device
-    reports them, the digest None if it printed none.
+    name), then hash what was written; (sha256, mtime) of ``target`` as the device reports them,
+    the digest None if it printed none.
 
     The chunks' paths in the store go in a list file beside ``target`` (its partial suffix makes it
-    a leftover the next probe removes), read by toybox ``xargs`` for ``touch -c`` (the store's LRU clock) and for
-    ``cat``, whose output ``tee`` writes while ``sha256sum`` hashes it: one command whatever the
-    number of chunks, and the file is read once. A chunk that is missing makes ``cat`` fail and the
-    digest wrong, which is what the caller checks."""
+    a leftover the next probe removes), read by toybox ``xargs`` for ``touch -c`` (the store's LRU
+    clock) and for ``cat``: one command whatever the number of chunks. The file is hashed after it
+    is written, from the page cache, not through a pipe: ``cat | tee | sha256sum`` moves every byte
+    through two pipes, whose context switches cost twice the two passes (measured on a virtual
+    device: 0.34 s against 0.08 s + 0.10 s for 99 MB). A chunk that is missing makes ``cat`` fail
+    and the digest wrong, which is what the caller checks."""
     listing = target + ".chunks"
     body = "".join(_where(stored, c.sha256) + "\n" for c in plan.chunks).encode()
     device.push(io.BytesIO(body), listing, timeout=timeout)
     ql, qt = shlex.quote(listing), shlex.quote(target)
     date = f"touch -c -d @{mtime} -- {qt} 2>/dev/null; " if mtime is not None else ""
     out = device.shell(f"cd {shlex.quote(store)} && xargs touch -c -- < {ql}; "
-                       f"xargs cat -- < {ql} | tee -- {qt} | sha256sum; {date}"
+                       f"xargs cat -- < {ql} > {qt}; sha256sum -- {qt}; {date}"
                        f"echo @@stat; stat -c '%Y' -- {qt}; rm -f -- {ql}",
                        timeout=max(timeout, hash_timeout)).out
     digest_text, _, stat_text = out.partition("@@stat")

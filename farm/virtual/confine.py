@@ -19,7 +19,7 @@ Inside, ``/`` is a read-only tmpfs that looks like Android::
     /dev/socket      R/run/socket, read-only: logd's socket (logcat, log, the runner's wrapper)
     /dev/__properties__  R/run/props, read-only: the properties the device's boot set (getprop)
     /storage/emulated/0, /sdcard -> it   R/data/media/0
-    /system          R/system, read-only: bin/ (sh = mksh, getprop, dumpsys, logcat, log, df,
+    /system          R/system, read-only: bin/ (sh = mksh, getprop, dumpsys, logcat, log, df, sha256sum,
                      farm-llama-runner), build.prop
     /vendor/lib64    empty
     /proc /dev       bwrap's own (this pid namespace's processes only)

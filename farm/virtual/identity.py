@@ -5,7 +5,7 @@ The root directory R of a device (host side) holds its bookkeeping, outside the 
 ``faults.json``, ``run.json``, ``device.log``. The rest is what the view (farm.virtual.confine) is made
 of: ``data/`` (``/data`` inside; the workspace is ``/data/local/tmp/ptefarm``, announced in
 ``ro.ptefarm.workspace``), ``system/`` (``/system``: build.prop and tiny imitations of getprop,
-dumpsys, df), ``etc/`` and ``sys/class/``.
+dumpsys, df, sha256sum), ``etc/`` and ``sys/class/``.
 """
 
 from __future__ import annotations
@@ -256,6 +256,8 @@ def install_system(root: Path, props: dict[str, str], free_bytes: int | None) ->
     python = shlex.quote(sys.executable)
     _write_tool(system_bin / "logcat", f'#!/bin/sh\nexec {python} -S -m farm.virtual.logcat logcat "$@"\n')
     _write_tool(system_bin / "log", f'#!/bin/sh\nexec {python} -S -m farm.virtual.logcat log "$@"\n')
+    # toybox's sha256sum hashes with the CPU's SHA instructions (BoringSSL), the host's coreutils does not
+    _write_tool(system_bin / "sha256sum", f'#!/bin/sh\nexec {python} -S -m farm.virtual.hashsum "$@"\n')
     if free_bytes is not None:
         _write_tool(system_bin / "df", DF.format(kib=free_bytes // 1024))
     else:

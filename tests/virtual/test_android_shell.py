@@ -4,6 +4,7 @@ thermalservice print Android's shapes."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import pytest
@@ -157,3 +158,25 @@ def test_dumpsys_thermalservice_status_follows_the_zones(virtual_farm):
 def test_unknown_service_is_refused(device):
     r = _sh(device, "dumpsys nosuchservice")
     assert r.returncode != 0 and "Can't find service: nosuchservice" in r.stderr
+
+
+def test_sha256sum_is_the_devices_own_and_prints_toybox_lines(device):
+    """/system/bin/sha256sum (toybox's hashes with the CPU's SHA instructions; the host's coreutils
+    does not): the digests are sha256's, files and stdin, a missing file is an error that leaves the
+    others hashed."""
+    body = bytes(range(256)) * 4097
+    want = hashlib.sha256(body).hexdigest()
+    ws = "/data/local/tmp/hashsum-test"
+    r = _sh(device, f"mkdir -p {ws} && cd {ws} && head -c 1048832 /dev/zero > zero && "
+                    f"printf 'a b' > 'sp ace' && command -v sha256sum")
+    assert r.returncode == 0 and r.stdout.strip() == "/system/bin/sha256sum", r.stderr
+    device.sync.push(body, f"{ws}/body")
+    r = _sh(device, f"cd {ws} && sha256sum -- body 'sp ace' missing zero; echo rc=$?; "
+                    f"cat body | sha256sum; sha256sum -b body; sha256sum -c body; echo rc=$?")
+    zero = hashlib.sha256(b"\0" * 1048832).hexdigest()
+    assert r.stdout.splitlines() == [
+        f"{want}  body", f"{hashlib.sha256(b'a b').hexdigest()}  sp ace", f"{zero}  zero", "rc=1",
+        f"{want}  -", want, "rc=1"]
+    assert r.stderr.splitlines() == ["sha256sum: missing: No such file or directory",
+                                     "sha256sum: Unknown option 'c'"]
+    _sh(device, f"rm -rf {ws}")
