@@ -49,7 +49,7 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from farm.runner.cli import PROG
@@ -186,8 +186,10 @@ def _ignored() -> list[int]:
     return [int(s) for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN]
 
 
-def run_remote(socket_path: str, argv: list[str]) -> int:
+def run_remote(socket_path: str, argv: list[str], prog: str = PROG) -> int:
     """Run the runner with ``argv`` in a child of the zygote at ``socket_path``; its exit code.
+    (``prog`` names the command in the one error a client prints: another zygote's client, such as
+    the plugin's xdist workers', is not farm-llama-runner.)
 
     Raises NotAnswering when the zygote did not start the run (nothing ran). Once it has, the client
     only waits: the signals it gets are passed on, and its death kills the child.
@@ -209,7 +211,7 @@ def run_remote(socket_path: str, argv: list[str]) -> int:
         except (OSError, ValueError):
             status = None
     if status is None:
-        print(f"{PROG}: error: the runner zygote at {socket_path} went away during the run",
+        print(f"{prog}: error: the zygote at {socket_path} went away during the run",
               file=sys.stderr)
         return 1
     return status["exit"] if "exit" in status else 128 + status["signal"]
@@ -286,8 +288,12 @@ def _libc_prctl():
 
 
 class Zygote:
-    def __init__(self, path: str, owner_pid: int | None):
+    def __init__(self, path: str, owner_pid: int | None,
+                 run: Callable[[dict], int] | None = None):
         self.path = path
+        # What a child does once it has become its client: the runner's run, or (for the plugin's
+        # worker zygote, ptefarm_fixtures.workers) an xdist worker's interpreter.
+        self.run = run or run_runner
         self.sel = selectors.DefaultSelector()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.conns: dict[socket.socket, int | None] = {}  # client -> its child's pid, once forked
@@ -428,9 +434,7 @@ class Zygote:
         code = 1
         try:
             self._become_client(request, fds)
-            from farm.runner import cli
-
-            code = cli.exit_code(request["argv"])
+            code = self.run(request)
         except SystemExit as e:  # as the interpreter would map it
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         except BaseException:
@@ -482,8 +486,15 @@ class Zygote:
         # stdout is line-buffered on a terminal, block-buffered elsewhere: decided at start-up
         # for the zygote's own stdout, so decided again for the client's.
         sys.stdout.reconfigure(line_buffering=os.isatty(1))
-        _reseed()
-        _set_threads()
+
+
+def run_runner(request: dict) -> int:
+    """A runner zygote's child: the run farm-llama-runner would have made in-process."""
+    from farm.runner import cli
+
+    _reseed()
+    _set_threads()
+    return cli.exit_code(request["argv"])
 
 
 def _reseed() -> None:
@@ -552,27 +563,31 @@ def _socket_in_use(path: str) -> bool:
         return False
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, prog: str = "python -m farm.runner.zygote",
+         description: str = "Serve farm-llama-runner runs from one import.",
+         preload: Callable[[], None] | None = None, run: Callable[[dict], int] | None = None) -> int:
+    """Serve a zygote until its socket is removed or its owner exits. Another zygote (the plugin's
+    xdist workers') passes its own ``preload`` and ``run``; the defaults are the runner's."""
     import argparse  # not at the top: the client imports this module and never parses
 
-    parser = argparse.ArgumentParser(prog="python -m farm.runner.zygote",
-                                     description="Serve farm-llama-runner runs from one import.")
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--socket", required=True, help="Unix socket path (appears once ready)")
     parser.add_argument("--exit-with-pid", type=int, default=None,
                         help="exit when this process is gone")
     args = parser.parse_args(argv)
+    prog = prog.removeprefix("python -m ")  # what its messages call it
     path = os.path.abspath(args.socket)
     if _socket_in_use(path):
-        print(f"farm.runner.zygote: {path}: in use by a live zygote or not a socket", file=sys.stderr)
+        print(f"{prog}: {path}: in use by a live zygote or not a socket", file=sys.stderr)
         return 2
     _open_stdio()
-    _preload()
+    (preload or _preload)()
     import gc
 
     # Objects from the imports never die: keep them out of the collector's passes, so that a child's
     # collections do not write to (and copy) every page the zygote shares with it.
     gc.freeze()
-    zygote = Zygote(path, args.exit_with_pid)
+    zygote = Zygote(path, args.exit_with_pid, run)
 
     zygote_pid = os.getpid()
 
@@ -593,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
         zygote.serve()
     except OSError as e:
-        print(f"farm.runner.zygote: {path}: {e.strerror or e}", file=sys.stderr)
+        print(f"{prog}: {path}: {e.strerror or e}", file=sys.stderr)
         return 2
     finally:
         zygote.close()
