@@ -19,6 +19,10 @@ sleeping S seconds in the test itself, run by bare pytest-xdist with D workers a
 not loaded, no devices. What the farm adds is the difference between the two; what bare xdist itself
 costs (a Python interpreter, pytest and execnet per worker, on the host's cores) no plugin can remove.
 
+``--unforked`` adds this checkout with its xdist workers started as fresh interpreters
+(``PTEFARM_FORK_WORKERS=0``) instead of forked from the plugin's worker zygote, side by side.
+``--rounds N`` runs every configuration N times, interleaved, and reports each one's median wall.
+
 ``--before REV`` measures the plugin (``fixtures/``) of git revision REV beside this checkout's, each
 device count run before then after (the host's load is shared by both), and "before" with pytest's
 plugins as the environment auto-loads them, as REV's ``farm qualify`` ran it. Only the plugin is
@@ -32,6 +36,7 @@ import math
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -131,6 +136,10 @@ def main() -> int:
     parser.add_argument("--before", metavar="REV", default=None,
                         help="also measure the plugin of this git revision (with pytest's default "
                              "plugins), side by side")
+    parser.add_argument("--unforked", action="store_true",
+                        help="also this checkout with fresh-interpreter workers (PTEFARM_FORK_WORKERS=0)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of every configuration, interleaved; the median wall is reported")
     parser.add_argument("--no-baseline", action="store_true",
                         help="leave out bare pytest-xdist (the same sleeps on the host, no farm)")
     args = parser.parse_args()
@@ -140,8 +149,10 @@ def main() -> int:
     counts = [int(d) for d in args.devices.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-orchestration-", dir="/tmp"))
     try:
-        variants = [Variant("after" if args.before else "", [*unrelated_plugin_args(),
+        variants = [Variant("after" if args.before or args.unforked else "", [*unrelated_plugin_args(),
                                                               *args.pytest_args.split()])]
+        if args.unforked:
+            variants.insert(0, Variant("unforked", variants[0].extra, {"PTEFARM_FORK_WORKERS": "0"}))
         if args.before:
             variants.insert(0, Variant("before", args.pytest_args.split(),
                                        plugin_of(args.before, tmp / "before")))
@@ -149,20 +160,29 @@ def main() -> int:
         for v in variants:
             v.idle = run_once(tmp, 1, args.tests, 0, bundle, v.extra, v.env)
         bare: dict[int, float] = {}
-        for d in counts:  # variants one after the other: they share the host's load
+        for d in counts:  # variants one after the other, round by round: they share the host's load
+            walls: dict[str, list[float]] = {v.label: [] for v in variants}
+            bares: list[float] = []
+            for _ in range(args.rounds):
+                for v in variants:
+                    walls[v.label].append(run_once(tmp, d, args.tests, args.sleep, bundle, v.extra,
+                                                   v.env))
+                if not args.no_baseline:
+                    bares.append(run_bare(tmp, d, args.tests, args.sleep, variants[-1].extra))
             for v in variants:
-                wall = run_once(tmp, d, args.tests, args.sleep, bundle, v.extra, v.env)
-                v.rows.append((d, wall, math.ceil(args.tests / d) * args.sleep))
-            if not args.no_baseline:
-                bare[d] = run_bare(tmp, d, args.tests, args.sleep, variants[-1].extra)
+                v.rows.append((d, statistics.median(walls[v.label]),
+                               math.ceil(args.tests / d) * args.sleep))
+            if bares:
+                bare[d] = statistics.median(bares)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"{args.tests} tests of `sleep {args.sleep:g}` on the device, through the pytest plugin "
-          f"(-n D, one worker per device)")
+          f"(-n D, one worker per device); median wall of {args.rounds} round(s)")
     for v in variants:
         what = (f"the plugin of {args.before}, pytest's plugins as installed" if v.label == "before"
-                else "this checkout, as farm qualify runs pytest")
+                else "this checkout, workers started as fresh interpreters (PTEFARM_FORK_WORKERS=0)"
+                if v.label == "unforked" else "this checkout, as farm qualify runs pytest")
         print(f"  {v.label or 'run'}: {what}: {shlex.join(v.extra) or 'no extra pytest arguments'}")
     print(f"  {'variant':>7} {'devices':>7} {'wall s':>8} {'ideal s':>8} {'ratio':>6} "
           f"{'overhead s':>11} {'per test on a device s':>23}")
@@ -187,12 +207,17 @@ def main() -> int:
 
     after = variants[-1]
     before = f"; before ({args.before}): {ratios(variants[0], False)}" if args.before else ""
+    unforked = next((v for v in variants if v.label == "unforked"), None)
+    if unforked is not None:
+        before += f"; workers as fresh interpreters: {ratios(unforked, False)}"
     floor = ""
     if bare:
         floor = ("; bare pytest-xdist (same sleeps on the host, no farm): "
                  + ", ".join(f"{d} workers {bare[d] / ideal:.3f}x" for d, _, ideal in after.rows)
                  + "; farm / bare xdist wall: "
-                 + ", ".join(f"{d} dev x{wall / bare[d]:.3f}" for d, wall, _ in after.rows))
+                 + ", ".join(f"{d} dev x{wall / bare[d]:.3f}" for d, wall, _ in after.rows)
+                 + ("" if unforked is None else " (fresh-interpreter workers: " + ", ".join(
+                     f"{d} dev x{wall / bare[d]:.3f}" for d, wall, _ in unforked.rows) + ")"))
     print(f"summary: wall / ideal makespan: {ratios(after, True)}{before}{floor}")
     return 0
 
