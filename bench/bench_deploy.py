@@ -1,7 +1,7 @@
 """First deploy of a 1 GiB bundle against `adb push` of the same files to the same virtual device;
 redeploy of the unchanged bundle; peak RSS of the deploying process.
 
-    python bench/bench_deploy.py [--pte-mb 800] [--lib-mb 96,64,48,16] [--rounds 5]
+    python bench/bench_deploy.py [--pte-mb 800] [--lib-mb 96,64,48,16] [--rounds 5] [--link-mbps R]
 
 The bundle is synthetic (random bytes: one .pte and a few libraries, a manifest with their sha256) in a
 temporary directory under /tmp, deleted at the end. Each round runs, interleaved so drift on a shared
@@ -20,6 +20,12 @@ host hits every method alike, against an emptied device directory each time:
 
 Every row pushes whole files (``chunking=PLAIN``): this bench measures the push path against adb's;
 a chunked deploy's cold and delta costs are bench_delta_deploy.py's.
+
+Unthrottled, the virtual device's side of every push (a Python process writing the file) shares the
+host's cores with the pushing process, so whatever the host spends beside the send (hashing a new
+bundle) costs wall time that on a phone it would not. ``--link-mbps R`` puts every method behind the
+virtual device's link fault at R MB/s (one cable for all its streams, as a phone's USB link: ~35-40 MB/s
+for USB 2, a few hundred for USB 3), where the link, not the host's CPU, sets the pace.
 
 Deploy times are taken inside the child (no interpreter start-up), adb's as its whole process. Peak RSS
 is the child's own ``ru_maxrss`` (``os.wait4``), interpreter and imports included. MB/s are best-of;
@@ -104,6 +110,8 @@ def main() -> int:
     parser.add_argument("--pte-mb", type=int, default=800)
     parser.add_argument("--lib-mb", default="96,64,48,16")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--link-mbps", type=float, default=None,
+                        help="the virtual device's link at this rate (MB/s) for every method")
     parser.add_argument("--child", nargs=4, metavar=("MANIFEST", "PORT", "SERIAL", "MODE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -128,6 +136,8 @@ def main() -> int:
         _make_bundle(src, sizes)
         with VirtualFarm(home=tmp / "farm") as vf:
             (dev,) = vf.up([VirtualDeviceSpec(soc="SM8650")])
+            if args.link_mbps:
+                vf.set_faults(dev.serial, slow_bytes_per_s=int(args.link_mbps * 1e6))
             device = find_device([vf.adb_server], dev.serial)
             ws = f"{device.workspace}/bench-deploy"
             adb_dir = f"{device.workspace}/adb-push"
@@ -176,7 +186,9 @@ def main() -> int:
     adb = rows["adb push"]
     print(f"deploy of {total / MB:.0f} MiB ({len(sizes)} files: "
           f"{', '.join(f'{n} {s // MB} MiB' for n, s in sizes.items())}) to one virtual device, "
-          f"{args.rounds} interleaved rounds")
+          f"{args.rounds} interleaved rounds, "
+          + (f"link {args.link_mbps:g} MB/s (the virtual device's link fault)" if args.link_mbps
+             else "unthrottled (the device's side shares the host's cores)"))
     print(f"  {'method':<24} {'best MB/s':>10} {'x adb (median)':>15} {'peak RSS':>9}   runs")
     for label, times in rows.items():
         runs = ", ".join(f"{t:.3f}s" for t in times)
