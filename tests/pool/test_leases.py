@@ -179,6 +179,30 @@ def test_constraints_select_the_right_device(pool):
     assert "SM8550 (1)" in message and "HTP v73, v75, v79" in message
 
 
+def test_an_arch_floor_is_matched_on_every_spelling_a_probe_stored(pool):
+    # A new waiter's candidates are narrowed in SQL to the stored arch spellings at or above its
+    # floor; the spellings are the probes' ("75", "V79"), so a narrowing that assumed "v75" would
+    # leave these devices out and the waiter would wait with its devices free.
+    pool.sync([
+        fake_device("plain", "SM8650", "75", virtual=False),
+        fake_device("upper", "SM8750", "V79", virtual=True),
+        fake_device("old", "SM8550", "v73", virtual=False),
+        fake_device("unknown", "SM8550", None, virtual=False),
+    ])
+    first = pool.acquire(LeaseRequest(min_htp_arch="v75"), ttl_s=30, timeout_s=0)
+    second = pool.acquire(LeaseRequest(min_htp_arch=75), ttl_s=30, timeout_s=0)
+    leases = {first.serial: first, second.serial: second}
+    assert set(leases) == {"plain", "upper"}
+    # Both taken: a floor never falls back to a lower or unknown arch; it waits for one.
+    with pytest.raises(LeaseTimeout):
+        pool.acquire(LeaseRequest(min_htp_arch="v75"), ttl_s=30, timeout_s=0)
+    pool.release(leases["upper"].token)
+    # "plain", the physical one at the floor, is held: the free v73 physical device is not it.
+    with pytest.raises(LeaseTimeout):
+        pool.acquire(LeaseRequest(min_htp_arch=75, virtual=False), ttl_s=30, timeout_s=0)
+    assert pool.acquire(LeaseRequest(min_htp_arch=79, virtual=True), ttl_s=30, timeout_s=0).serial == "upper"
+
+
 def test_timeout_message_names_holder_and_state(pool):
     pool.sync([fake_device("dev0"), fake_device("dev1")])
     lease = pool.acquire(LeaseRequest(serial="dev0"), Holder("alice", "ci-7", 99, "job-5", "nightly"),
