@@ -4,6 +4,7 @@ requests, on SQLite and PostgreSQL (``python bench/bench_pool.py --scale``, or t
 
     python bench/bench_pool_scale.py                          # both backends, 1000 devices, 500 waiters
     python bench/bench_pool_scale.py --backends sqlite --seconds 10 --procs 10 --threads 50
+    python bench/bench_pool_scale.py --backends postgres,postgres-flush   # WAL flush under / after the lock
 
 Waiters: ``--procs`` real processes (each opens its own Pool, as CI jobs do) of ``--threads`` threads
 each, every thread one waiter that leases, holds (``--hold-ms``, a random 0.5x-1.5x), releases and asks
@@ -82,6 +83,15 @@ def requests(rng: random.Random, devices: list[dict]) -> dict:
 
 # -- the worker process -----------------------------------------------------------------------------
 
+def _flush_after(spec: dict) -> None:
+    """Backend ``postgres-flush``: commit without the WAL flush under the pool lock, flush right after
+    it (``PostgresStore.flush_outside_lock``), to compare with the default in one run."""
+    if spec.get("flush_after"):
+        from farm.db.postgres import PostgresStore
+
+        PostgresStore.flush_outside_lock = True
+
+
 def worker(spec: dict) -> None:
     from farm.errors import LeaseTimeout
     from farm.pool import Holder, LeaseRequest, Pool
@@ -90,6 +100,7 @@ def worker(spec: dict) -> None:
     holds: list[float] = []
     timeouts = 0  # measured waits the window should have served
     lock = threading.Lock()
+    _flush_after(spec)
     with Pool.open(spec["url"]) as pool:
         def held(seconds: float) -> None:
             with lock:
@@ -140,9 +151,10 @@ def simulator(spec: dict) -> None:
     host's cores."""
     from farm.pool import Holder, LeaseRequest, Pool
     from farm.pool.leases import dispatch_entry
-    from farm.pool.leases import enqueue as queue_up
+    from farm.pool.leases import enqueue_entry
 
     rng = random.Random(spec["seed"])
+    _flush_after(spec)
     with Pool.open(spec["url"]) as pool:
         sim_holds: list[float] = []
         pool.store.on_write_held = sim_holds.append  # its own writes, apart from the measured ones
@@ -158,7 +170,7 @@ def simulator(spec: dict) -> None:
             for _ in range(n):  # a transaction each, as each waiter's acquire would write
                 with pool._write() as txn:
                     request = LeaseRequest(**requests(rng, spec["devices"]))
-                    queue_id = queue_up(txn, request, holder, 120.0)
+                    queue_id = enqueue_entry(txn, request, holder, 120.0).id
                     mine[queue_id] = time.time()
                     dispatch_entry(txn, queue_id, request, pool.liveness_s)
 
@@ -224,7 +236,7 @@ def double_leases(cycles: list[tuple]) -> int:
     return overlaps
 
 
-def run_backend(url: str, args: argparse.Namespace) -> dict:
+def run_backend(url: str, args: argparse.Namespace, *, flush_after: bool = False) -> dict:
     from farm.device.probe import DeviceInfo
     from farm.pool import Pool
 
@@ -236,11 +248,13 @@ def run_backend(url: str, args: argparse.Namespace) -> dict:
     workers = []
     if args.simulated:
         spec = {"url": url, "waiters": args.simulated, "hold_s": args.hold_ms / 1000, "seed": 999,
+                "flush_after": flush_after,
                 "devices": [{"serial": d["serial"]} for d in devices]}
         workers.append(subprocess.Popen([sys.executable, __file__, "--simulator", json.dumps(spec)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
     for i in range(args.procs):
         spec = {"url": url, "threads": args.threads, "hold_s": args.hold_ms / 1000, "seed": i,
+                "flush_after": flush_after,
                 "devices": [{"serial": d["serial"]} for d in devices]}
         workers.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
@@ -311,7 +325,8 @@ def main() -> int:
             with psycopg.connect(base, autocommit=True) as admin:
                 admin.execute(f'CREATE SCHEMA "{schema}"')
                 try:
-                    results[name] = run_backend(postgres_url(base, schema), args)
+                    results[name] = run_backend(postgres_url(base, schema), args,
+                                                flush_after=name == "postgres-flush")
                 finally:
                     admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
     waiters = args.procs * args.threads + args.simulated
@@ -320,18 +335,18 @@ def main() -> int:
           f"{args.simulated} simulated in one process (queue rows served by the pool's dispatch, "
           f"polled together); hold {args.hold_ms:g} ms mean, "
           f"{args.seconds:g} s ({args.warmup:g} s warm-up), {os.cpu_count()} CPUs")
-    print(f"{'backend':<9} {'grant p50':>9} {'p99 ms':>7} {'n':>6} {'hold p50':>8} {'p99 ms':>7} "
+    print(f"{'backend':<14} {'grant p50':>9} {'p99 ms':>7} {'n':>6} {'hold p50':>8} {'p99 ms':>7} "
           f"{'writes/s':>8} {'util %':>6} {'cycles/s':>8} {'double':>6} {'timeouts':>8}")
     met = total = 0
     for name, r in results.items():
-        print(f"{name:<9} {r['grant_p50_ms']:>9.2f} {r['grant_p99_ms']:>7.2f} {r['grants']:>6} "
+        print(f"{name:<14} {r['grant_p50_ms']:>9.2f} {r['grant_p99_ms']:>7.2f} {r['grants']:>6} "
               f"{r['hold_p50_ms']:>8.2f} {r['hold_p99_ms']:>7.2f} {r['writes_per_s']:>8.0f} "
               f"{100 * r['utilisation']:>6.1f} {r['cycles_per_s']:>8.1f} {r['double_leases']:>6} {r['timeouts']:>8}")
         checks = [r["grant_p99_ms"] < TARGETS["grant_p99_ms"], r["hold_p99_ms"] < TARGETS["hold_p99_ms"],
                   r["double_leases"] == 0]
         met, total = met + sum(checks), total + len(checks)
     for name, r in results.items():  # not a target: the stand-in for 480 processes polls in one write
-        print(f"{name:<9} the simulator's own writes (a request a transaction, as each waiter's; "
+        print(f"{name:<14} the simulator's own writes (a request a transaction, as each waiter's; "
               f"one poll of all its queue rows 4 times a second): {r['sim_writes']}, lock hold p50 {r['sim_hold_p50_ms']:.2f} ms, "
               f"p99 {r['sim_hold_p99_ms']:.2f} ms, max {r['sim_hold_max_ms']:.2f} ms")
     parts = [f"{n}: grant p99 {r['grant_p99_ms']:.1f} ms, lock hold p99 {r['hold_p99_ms']:.2f} ms, "

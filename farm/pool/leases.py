@@ -187,27 +187,39 @@ def _first_waiter(txn: Txn, device: DeviceRecord, rows: list[dict[str, Any]], gr
     for queue_row in rows:
         queue_id = int(queue_row["id"])
         if queue_id not in granted and _request(queue_id, queue_row["request"]).matches(device):
-            granted[queue_id] = _grant(txn, device, _entry(txn, queue_id))
+            granted[queue_id] = _grant(txn, device, _entry(txn, queue_id)).token
             return True
     return False
 
 
-def enqueue(txn: Txn, request: LeaseRequest, holder: Holder, ttl: float) -> int:
-    """A new waiter at the back of its priority: its queue id."""
-    return txn.insert(
+def enqueue_entry(txn: Txn, request: LeaseRequest, holder: Holder, ttl: float) -> QueueEntry:
+    """A new waiter at the back of its priority: the entry as written (no read back)."""
+    queue_id = txn.insert(
         "INSERT INTO queue (priority, request, holder_user, holder_host, holder_pid, holder_ci_job, "
         "purpose, ttl, enqueued, polled, match_socs, match_serial) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         (request.priority, request.to_json(), *holder_params(holder), ttl, txn.now, txn.now,
          f",{','.join(request.socs)}," if request.socs else "", request.serial))
+    return QueueEntry(id=queue_id, request=request, holder=holder, ttl=ttl, enqueued=txn.now, polled=txn.now)
 
 
 def dispatch_entry(txn: Txn, queue_id: int, request: LeaseRequest,
                    liveness_s: float | None = None) -> str | None:
-    """Serve one waiter from the available devices (a new one, or one re-checking); its lease token,
-    or None. Every other waiter is already matched against every available device (``dispatch``),
-    so the first available device that satisfies this request is this waiter's. The SQL narrows the
-    candidates to the request's SoCs or serial: the lock is not held while 1,000 rows are read."""
+    """Serve one waiter from the available devices (one re-checking its place); its lease token, or
+    None. Every other waiter is already matched against every available device (``dispatch``), so
+    the first available device that satisfies this request is this waiter's."""
+    device = first_available(txn, request, liveness_s)
+    if device is None:
+        return None
+    token = _grant(txn, device, _entry(txn, queue_id)).token
+    txn.wake({queue_id: token})
+    return token
+
+
+def first_available(txn: Txn, request: LeaseRequest, liveness_s: float | None = None) -> DeviceRecord | None:
+    """The available device a new or re-checking waiter gets, if any: the least recently changed
+    that satisfies ``request``. The SQL narrows the candidates to the request's SoCs, serial or arch
+    floor: the lock is not held while 1,000 rows are read."""
     seen_since = -math.inf if liveness_s is None else txn.now - liveness_s
     sql, params = f"SELECT {DEVICE_COLUMNS} FROM devices WHERE state = ? AND last_seen >= ?", [AVAILABLE, seen_since]
     if request.serial is not None:
@@ -235,12 +247,8 @@ def dispatch_entry(txn: Txn, queue_id: int, request: LeaseRequest,
         for row in candidates:
             device = device_from_row(row)
             if request.matches(device):
-                break
-        else:
-            return None
-    token = _grant(txn, device, _entry(txn, queue_id))
-    txn.wake({queue_id: token})
-    return token
+                return device
+    return None
 
 
 # What device_from_row reads: not ``attrs`` (everything a probe saw, as JSON), the widest column.
@@ -275,7 +283,8 @@ def _entry(txn: Txn, queue_id: int) -> QueueEntry:
     return queue_from_row(row)
 
 
-def _grant(txn: Txn, device: DeviceRecord, entry: QueueEntry) -> str:
+def _grant(txn: Txn, device: DeviceRecord, entry: QueueEntry) -> LeaseInfo:
+    """Lease ``device`` to ``entry``'s holder and take the entry off the queue: the lease as written."""
     token = secrets.token_hex(16)
     txn.run("INSERT INTO leases (token, serial, holder_user, holder_host, holder_pid, holder_ci_job, "
             "purpose, priority, request, created, renewed, expires, queue_id) "
@@ -286,7 +295,8 @@ def _grant(txn: Txn, device: DeviceRecord, entry: QueueEntry) -> str:
     txn.run("DELETE FROM queue WHERE id = ?", (entry.id,))
     log_event(txn, EventKind.LEASED, serial=device.serial, from_state=AVAILABLE, to_state=LEASED, token=token,
               queue_id=entry.id, holder=entry.holder.describe(), detail=entry.request.to_json())
-    return token
+    return LeaseInfo(token=token, serial=device.serial, holder=entry.holder, priority=entry.request.priority,
+                     created=txn.now, renewed=txn.now, expires=txn.now + entry.ttl, ended=None, end_reason=None)
 
 
 class Pool:
@@ -520,14 +530,17 @@ class Pool:
             if granted is not None or txn.one("SELECT id FROM queue WHERE id = ?", (queue_id,)) is None:
                 queue_id = None  # dropped as stale (we were paused too long): queue again, at the back
         if queue_id is None:
-            refusal = self._refusal(txn, request)
-            if refusal is not None:
+            # A device for it now? Then it cannot be refused, and it never waits: no "queued"
+            # event, and no wake-up (nobody listens for it yet). What the grant wrote is returned
+            # as written: on PostgreSQL each read back would be a round trip under the pool lock.
+            device = first_available(txn, request, self.liveness_s)
+            if device is None and (refusal := self._refusal(txn, request)) is not None:
                 return _Outcome(refused=refusal)
-            queue_id = enqueue(txn, request, holder, ttl)
-            if dispatch_entry(txn, queue_id, request, self.liveness_s) is not None:
-                # served at once: it never waited, so no "queued" event
-                granted = txn.one("SELECT * FROM leases WHERE queue_id = ?", (queue_id,))
-                return self._outcome_granted(txn, granted)
+            entry = enqueue_entry(txn, request, holder, ttl)
+            queue_id = entry.id
+            if device is not None:
+                return _Outcome(lease=_grant(txn, device, entry), device=replace(device, state=LEASED),
+                                remaining_s=ttl)
             log_event(txn, EventKind.QUEUED, queue_id=queue_id, holder=holder.describe(),
                       detail=request.to_json())
         if give_up:

@@ -116,6 +116,9 @@ def test_a_grant_records_who_holds_the_device_what_they_asked_for_and_until_when
     lease = pool.acquire(request, holder, ttl_s=30, timeout_s=0)
     (held,) = pool.status().devices
     assert held.device.state == LEASED and held.lease == lease.info
+    # Served at once, the lease and device are returned as the grant wrote them, not read back:
+    # they must be what a read back gives.
+    assert held.device == lease.device
     info = lease.info
     assert (info.token, info.serial, info.holder, info.priority) == (lease.token, "dev0", holder, 5)
     assert info.created == info.renewed and info.expires == pytest.approx(info.created + 30, abs=1e-6)
