@@ -171,7 +171,9 @@ def dispatch(txn: Txn, liveness_s: float | None = None) -> dict[int, str]:
             continue
         # The first waiters in service order that admit it, then (none of them took it: tags,
         # exclusions) the rest: the usual release parses one request, not the queue.
-        candidates = ("SELECT id, request FROM queue WHERE (match_socs IS NULL OR match_socs = '' OR "
+        # Whole rows: the waiter a device goes to is then granted without reading its row again
+        # (on PostgreSQL, a round trip under the pool lock).
+        candidates = ("SELECT * FROM queue WHERE (match_socs IS NULL OR match_socs = '' OR "
                       f"match_socs LIKE ?) AND (match_serial IS NULL OR match_serial = ?) {SERVICE_ORDER}")
         params = (f"%,{(device.soc or '?').upper()},%", device.serial)
         head = txn.all(candidates + " LIMIT 32", params)
@@ -182,12 +184,13 @@ def dispatch(txn: Txn, liveness_s: float | None = None) -> dict[int, str]:
 
 
 def _first_waiter(txn: Txn, device: DeviceRecord, rows: list[dict[str, Any]], granted: dict[int, str]) -> bool:
-    """Grant ``device`` to the first of ``rows`` (queue ids and requests, in service order) that it
-    satisfies and that has no grant yet; whether one took it."""
+    """Grant ``device`` to the first of ``rows`` (queue rows in service order: whole, or their ids and
+    requests) that it satisfies and that has no grant yet; whether one took it."""
     for queue_row in rows:
         queue_id = int(queue_row["id"])
         if queue_id not in granted and _request(queue_id, queue_row["request"]).matches(device):
-            granted[queue_id] = _grant(txn, device, _entry(txn, queue_id)).token
+            entry = queue_from_row(queue_row) if "ttl" in queue_row else _entry(txn, queue_id)
+            granted[queue_id] = _grant(txn, device, entry).token
             return True
     return False
 
