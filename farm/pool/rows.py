@@ -79,6 +79,14 @@ def set_state(txn: Txn, serial: str, old: str, new: str, reason: str | None = No
     serialized, so a device in another state than its caller read is a bug of ours: refused, and the
     transaction with it, rather than a state machine that skips a step (a leased device made
     available under its holder)."""
+    if not change_state(txn, serial, old, new, reason):
+        row = txn.one("SELECT state FROM devices WHERE serial = ?", (serial,))
+        raise PoolError(f"device {serial}: cannot go from {old} to {new}: it is "
+                        f"{row['state'] if row else 'not in the pool'}; nothing was changed")
+
+
+def change_state(txn: Txn, serial: str, old: str, new: str, reason: str | None = None) -> bool:
+    """Change a device's state if it is ``old``; whether it was."""
     # RETURNING, not the row count: PostgreSQL's pipeline mode knows no count before its results.
     if reason is None:
         changed = txn.one("UPDATE devices SET state = ?, state_since = ? WHERE serial = ? AND state = ? "
@@ -87,12 +95,9 @@ def set_state(txn: Txn, serial: str, old: str, new: str, reason: str | None = No
         changed = txn.one("UPDATE devices SET state = ?, reason = ?, state_since = ? "
                           "WHERE serial = ? AND state = ? RETURNING serial",
                           (new, reason, txn.now, serial, old))
-    if changed is None:
-        row = txn.one("SELECT state FROM devices WHERE serial = ?", (serial,))
-        raise PoolError(f"device {serial}: cannot go from {old} to {new}: it is "
-                        f"{row['state'] if row else 'not in the pool'}; nothing was changed")
-    if new == AVAILABLE:
+    if changed is not None and new == AVAILABLE:
         txn.freed_serials.add(serial)
+    return changed is not None
 
 
 def has_live_lease(txn: Txn, serial: str) -> bool:
@@ -112,12 +117,14 @@ def end_lease(txn: Txn, lease: dict[str, Any], reason: str) -> None:
     offline, which outlive the lease."""
     txn.run("UPDATE leases SET ended = ?, end_reason = ? WHERE token = ?",
             (txn.now, reason, lease["token"]))
-    dev = txn.one("SELECT state FROM devices WHERE serial = ?", (lease["serial"],))
-    old = dev["state"] if dev else None
-    new = old
-    if old == LEASED:
-        new = AVAILABLE
-        set_state(txn, lease["serial"], LEASED, AVAILABLE)
+    # Leased, as it usually is: one statement frees it. Otherwise (quarantined or offline while
+    # leased, which outlive the lease) its state is read for the event and left as it is. (On
+    # PostgreSQL each statement whose answer is awaited is a round trip under the pool lock.)
+    if change_state(txn, lease["serial"], LEASED, AVAILABLE):
+        old, new = LEASED, AVAILABLE
+    else:
+        dev = txn.one("SELECT state FROM devices WHERE serial = ?", (lease["serial"],))
+        old = new = dev["state"] if dev else None
     log_event(txn, reason, serial=lease["serial"], from_state=old, to_state=new,
               token=lease["token"], holder=holder_from_row(lease).describe(),
               detail=f"lease created {lease['created']:.3f}, expires {lease['expires']:.3f}")
