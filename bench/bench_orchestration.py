@@ -20,7 +20,9 @@ not loaded, no devices. What the farm adds is the difference between the two; wh
 costs (a Python interpreter, pytest and execnet per worker, on the host's cores) no plugin can remove.
 
 ``--unforked`` adds this checkout with its xdist workers started as fresh interpreters
-(``PTEFARM_FORK_WORKERS=0``) instead of forked from the plugin's worker zygote, side by side.
+(``PTEFARM_FORK_WORKERS=0``) instead of forked from the plugin's worker zygote, side by side;
+``--late-zygote`` adds it with the zygote started as the run configures (``PTEFARM_FORK_WORKERS=late``)
+instead of as pytest imports the plugin.
 ``--rounds N`` runs every configuration N times, interleaved, and reports each one's median wall.
 
 ``--before REV`` measures the plugin (``fixtures/``) of git revision REV beside this checkout's, each
@@ -138,6 +140,9 @@ def main() -> int:
                              "plugins), side by side")
     parser.add_argument("--unforked", action="store_true",
                         help="also this checkout with fresh-interpreter workers (PTEFARM_FORK_WORKERS=0)")
+    parser.add_argument("--late-zygote", action="store_true",
+                        help="also this checkout with the worker zygote started as the run configures "
+                             "(PTEFARM_FORK_WORKERS=late)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs of every configuration, interleaved; the median wall is reported")
     parser.add_argument("--no-baseline", action="store_true",
@@ -149,8 +154,10 @@ def main() -> int:
     counts = [int(d) for d in args.devices.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-orchestration-", dir="/tmp"))
     try:
-        variants = [Variant("after" if args.before or args.unforked else "", [*unrelated_plugin_args(),
-                                                              *args.pytest_args.split()])]
+        variants = [Variant("after" if args.before or args.unforked or args.late_zygote else "",
+                            [*unrelated_plugin_args(), *args.pytest_args.split()])]
+        if args.late_zygote:
+            variants.insert(0, Variant("late", variants[0].extra, {"PTEFARM_FORK_WORKERS": "late"}))
         if args.unforked:
             variants.insert(0, Variant("unforked", variants[0].extra, {"PTEFARM_FORK_WORKERS": "0"}))
         if args.before:
@@ -182,7 +189,9 @@ def main() -> int:
     for v in variants:
         what = (f"the plugin of {args.before}, pytest's plugins as installed" if v.label == "before"
                 else "this checkout, workers started as fresh interpreters (PTEFARM_FORK_WORKERS=0)"
-                if v.label == "unforked" else "this checkout, as farm qualify runs pytest")
+                if v.label == "unforked" else "this checkout, worker zygote started as the run configures "
+                "(PTEFARM_FORK_WORKERS=late)" if v.label == "late"
+                else "this checkout, as farm qualify runs pytest")
         print(f"  {v.label or 'run'}: {what}: {shlex.join(v.extra) or 'no extra pytest arguments'}")
     print(f"  {'variant':>7} {'devices':>7} {'wall s':>8} {'ideal s':>8} {'ratio':>6} "
           f"{'overhead s':>11} {'per test on a device s':>23}")
@@ -210,14 +219,18 @@ def main() -> int:
     unforked = next((v for v in variants if v.label == "unforked"), None)
     if unforked is not None:
         before += f"; workers as fresh interpreters: {ratios(unforked, False)}"
+    late = next((v for v in variants if v.label == "late"), None)
+    if late is not None:
+        before += f"; zygote started late: {ratios(late, False)}"
     floor = ""
     if bare:
         floor = ("; bare pytest-xdist (same sleeps on the host, no farm): "
                  + ", ".join(f"{d} workers {bare[d] / ideal:.3f}x" for d, _, ideal in after.rows)
                  + "; farm / bare xdist wall: "
                  + ", ".join(f"{d} dev x{wall / bare[d]:.3f}" for d, wall, _ in after.rows)
-                 + ("" if unforked is None else " (fresh-interpreter workers: " + ", ".join(
-                     f"{d} dev x{wall / bare[d]:.3f}" for d, wall, _ in unforked.rows) + ")"))
+                 + "".join(f" ({what}: " + ", ".join(f"{d} dev x{wall / bare[d]:.3f}" for d, wall, _ in v.rows)
+                           + ")" for v, what in ((unforked, "fresh-interpreter workers"),
+                                                 (late, "zygote started late")) if v is not None))
     print(f"summary: wall / ideal makespan: {ratios(after, True)}{before}{floor}")
     return 0
 
