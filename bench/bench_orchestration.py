@@ -191,7 +191,7 @@ def main() -> int:
                 else "this checkout, workers started as fresh interpreters (PTEFARM_FORK_WORKERS=0)"
                 if v.label == "unforked" else "this checkout, worker zygote started as the run configures "
                 "(PTEFARM_FORK_WORKERS=late)" if v.label == "late"
-                else "this checkout, as farm qualify runs pytest")
+                else "this checkout, with the plugins farm qualify blocks")
         print(f"  {v.label or 'run'}: {what}: {shlex.join(v.extra) or 'no extra pytest arguments'}")
     print(f"  {'variant':>7} {'devices':>7} {'wall s':>8} {'ideal s':>8} {'ratio':>6} "
           f"{'overhead s':>11} {'per test on a device s':>23}")
