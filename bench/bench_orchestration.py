@@ -50,6 +50,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 TARGETS = {1: 1.05, 8: 1.10}
+# This checkout's other ways of starting xdist workers (PTEFARM_FORK_WORKERS), side by side with the
+# default: label -> (the switch's value, what the row is, what the summary calls it).
+WORKER_STARTS = {
+    "unforked": ("0", "workers started as fresh interpreters", "fresh-interpreter workers"),
+    "late": ("late", "worker zygote started as the run configures", "zygote started late"),
+}
 
 TEST_FILE = '''
 import pytest
@@ -156,10 +162,10 @@ def main() -> int:
     try:
         variants = [Variant("after" if args.before or args.unforked or args.late_zygote else "",
                             [*unrelated_plugin_args(), *args.pytest_args.split()])]
-        if args.late_zygote:
-            variants.insert(0, Variant("late", variants[0].extra, {"PTEFARM_FORK_WORKERS": "late"}))
-        if args.unforked:
-            variants.insert(0, Variant("unforked", variants[0].extra, {"PTEFARM_FORK_WORKERS": "0"}))
+        for label, asked in (("late", args.late_zygote), ("unforked", args.unforked)):
+            if asked:
+                switch = WORKER_STARTS[label][0]
+                variants.insert(0, Variant(label, variants[0].extra, {"PTEFARM_FORK_WORKERS": switch}))
         if args.before:
             variants.insert(0, Variant("before", args.pytest_args.split(),
                                        plugin_of(args.before, tmp / "before")))
@@ -187,11 +193,13 @@ def main() -> int:
     print(f"{args.tests} tests of `sleep {args.sleep:g}` on the device, through the pytest plugin "
           f"(-n D, one worker per device); median wall of {args.rounds} round(s)")
     for v in variants:
-        what = (f"the plugin of {args.before}, pytest's plugins as installed" if v.label == "before"
-                else "this checkout, workers started as fresh interpreters (PTEFARM_FORK_WORKERS=0)"
-                if v.label == "unforked" else "this checkout, worker zygote started as the run configures "
-                "(PTEFARM_FORK_WORKERS=late)" if v.label == "late"
-                else "this checkout, with the plugins farm qualify blocks")
+        if v.label == "before":
+            what = f"the plugin of {args.before}, pytest's plugins as installed"
+        elif v.label in WORKER_STARTS:
+            switch, row, _ = WORKER_STARTS[v.label]
+            what = f"this checkout, {row} (PTEFARM_FORK_WORKERS={switch})"
+        else:
+            what = "this checkout, with the plugins farm qualify blocks"
         print(f"  {v.label or 'run'}: {what}: {shlex.join(v.extra) or 'no extra pytest arguments'}")
     print(f"  {'variant':>7} {'devices':>7} {'wall s':>8} {'ideal s':>8} {'ratio':>6} "
           f"{'overhead s':>11} {'per test on a device s':>23}")
@@ -216,21 +224,16 @@ def main() -> int:
 
     after = variants[-1]
     before = f"; before ({args.before}): {ratios(variants[0], False)}" if args.before else ""
-    unforked = next((v for v in variants if v.label == "unforked"), None)
-    if unforked is not None:
-        before += f"; workers as fresh interpreters: {ratios(unforked, False)}"
-    late = next((v for v in variants if v.label == "late"), None)
-    if late is not None:
-        before += f"; zygote started late: {ratios(late, False)}"
+    others = [(v, WORKER_STARTS[v.label][2]) for v in variants if v.label in WORKER_STARTS]
+    before += "".join(f"; {called}: {ratios(v, False)}" for v, called in others)
     floor = ""
     if bare:
         floor = ("; bare pytest-xdist (same sleeps on the host, no farm): "
                  + ", ".join(f"{d} workers {bare[d] / ideal:.3f}x" for d, _, ideal in after.rows)
                  + "; farm / bare xdist wall: "
                  + ", ".join(f"{d} dev x{wall / bare[d]:.3f}" for d, wall, _ in after.rows)
-                 + "".join(f" ({what}: " + ", ".join(f"{d} dev x{wall / bare[d]:.3f}" for d, wall, _ in v.rows)
-                           + ")" for v, what in ((unforked, "fresh-interpreter workers"),
-                                                 (late, "zygote started late")) if v is not None))
+                 + "".join(f" ({called}: " + ", ".join(f"{d} dev x{wall / bare[d]:.3f}" for d, wall, _ in v.rows)
+                           + ")" for v, called in others))
     print(f"summary: wall / ideal makespan: {ratios(after, True)}{before}{floor}")
     return 0
 

@@ -56,15 +56,21 @@ TARGETS = {"handoff_p99_ms": 10.0, "utilisation": 0.95,
 
 # -- the worker process -----------------------------------------------------------------------------
 
+def flush_after_lock(on: bool) -> None:
+    """Backend ``postgres-flush``: this process's pool commits without the WAL flush under the pool
+    lock and flushes right after it (``PostgresStore.flush_outside_lock``)."""
+    if on:
+        from farm.db.postgres import PostgresStore
+
+        PostgresStore.flush_outside_lock = True
+
+
 def worker(spec: dict) -> None:
     """One contending process. Prints "ready", waits for the start time on stdin, runs its loop, then
     prints its cycles as one JSON line: [serial, asked, acquired, release_called, released]."""
     from farm.pool import Holder, LeaseRequest, Pool
 
-    if spec["flush_after"]:
-        from farm.db.postgres import PostgresStore
-
-        PostgresStore.flush_outside_lock = True
+    flush_after_lock(spec["flush_after"])
     options = {} if spec["poll_s"] is None else {"poll_s": spec["poll_s"]}
     locks = Path(spec["locks"])
     cycles: list[tuple[str, float, float, float, float]] = []

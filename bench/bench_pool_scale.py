@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_pool import DEFAULT_PG_URL, percentile, postgres_url  # noqa: E402
+from bench_pool import DEFAULT_PG_URL, flush_after_lock, percentile, postgres_url  # noqa: E402
 
 TARGETS = {"grant_p99_ms": 20.0, "hold_p99_ms": 5.0}
 SOCS = [("SM8750", "v79"), ("SM8650", "v75"), ("SM8550", "v73"), ("SM8475", "v69"), ("SM8450", "v69"),
@@ -83,15 +83,6 @@ def requests(rng: random.Random, devices: list[dict]) -> dict:
 
 # -- the worker process -----------------------------------------------------------------------------
 
-def _flush_after(spec: dict) -> None:
-    """Backend ``postgres-flush``: commit without the WAL flush under the pool lock, flush right after
-    it (``PostgresStore.flush_outside_lock``), to compare with the default in one run."""
-    if spec.get("flush_after"):
-        from farm.db.postgres import PostgresStore
-
-        PostgresStore.flush_outside_lock = True
-
-
 def worker(spec: dict) -> None:
     from farm.errors import LeaseTimeout
     from farm.pool import Holder, LeaseRequest, Pool
@@ -100,7 +91,7 @@ def worker(spec: dict) -> None:
     holds: list[float] = []
     timeouts = 0  # measured waits the window should have served
     lock = threading.Lock()
-    _flush_after(spec)
+    flush_after_lock(spec["flush_after"])
     with Pool.open(spec["url"]) as pool:
         def held(seconds: float) -> None:
             with lock:
@@ -154,7 +145,7 @@ def simulator(spec: dict) -> None:
     from farm.pool.leases import enqueue_entry
 
     rng = random.Random(spec["seed"])
-    _flush_after(spec)
+    flush_after_lock(spec["flush_after"])
     with Pool.open(spec["url"]) as pool:
         sim_holds: list[float] = []
         pool.store.on_write_held = sim_holds.append  # its own writes, apart from the measured ones

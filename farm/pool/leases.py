@@ -601,9 +601,9 @@ class Pool:
 
         sql, params = f"SELECT {DEVICE_COLUMNS} FROM devices", []
         # (the pool's own SoC names are read only for a name the SoC table does not know)
-        if request.socs and not set(request.socs) <= set(HTP_ARCH_BY_SOC) and not set(request.socs) <= set(
-                HTP_ARCH_BY_SOC) | {str(r["soc"]).upper()
-                                    for r in txn.all("SELECT DISTINCT soc FROM devices WHERE soc IS NOT NULL")}:
+        asked, table = set(request.socs), set(HTP_ARCH_BY_SOC)
+        if asked and not asked <= table and not asked <= table | {
+                str(r["soc"]).upper() for r in txn.all("SELECT DISTINCT soc FROM devices WHERE soc IS NOT NULL")}:
             sql += " WHERE 1 = 0"  # a SoC name nobody knows: the full answer below names it
         elif request.serial is not None:
             sql, params = sql + " WHERE serial = ?", [request.serial]
