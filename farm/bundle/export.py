@@ -38,7 +38,7 @@ from farm.model.tokenizer import (
 )
 
 # Bump when the exported programs or the bundle layout change in a way the cache must not hide.
-EXPORTER_VERSION = "2"  # 2: the lookahead program
+EXPORTER_VERSION = "3"  # 2: the lookahead program; 3: attention without a broadcast copy
 KV_PTE = "kv_llama_xnnpack.pte"
 HYBRID_PTE = "hybrid_llama_xnnpack.pte"
 LOOKAHEAD_PTE = "lookahead_llama_xnnpack.pte"
@@ -98,8 +98,8 @@ def _bundle_dir_of(cfg: LlamaConfig, out_dir: str | os.PathLike | None) -> Path:
 # Progress of an export: (what is being done, step number from 1, steps in all). Called before each
 # step; a cache hit calls nothing. The exporter prints nothing itself: `farm export` shows it.
 StepCallback = Callable[[str, int, int], None]
-STEPS = ("training the tokenizer", "lowering the kv program", "lowering the hybrid program",
-         "lowering the lookahead program", "writing the manifest")
+STEPS = ("training the tokenizer", "lowering the model to XNNPACK",
+         "writing the kv, hybrid and lookahead programs", "writing the manifest")
 
 
 def export_bundle(config_name: str = "tiny", out_dir: str | os.PathLike | None = None, *,
@@ -160,22 +160,28 @@ def _export_quietly(cfg: LlamaConfig, out: Path, step: Callable[[int], None]) ->
     n_words = load_tokenizer(out / tokenizer).n_words
     cfg = replace(cfg, vocab_size=n_words, n_base_tokens=n_base)
 
-    from farm.model.llama import LlamaWeights, StaticLlama
+    from farm.model.llama import LlamaWeights
 
     weights = LlamaWeights(cfg).eval()
     metadata = _metadata_methods(cfg)
     lookahead = Mode(pte=LOOKAHEAD_PTE, eval_mode=2, ar_len=cfg.prefill_ar_len, **LOOKAHEAD)
+    # Each program is a set of methods, each method the model at one ar_len; the kv program's
+    # forward is the same model as hybrid's kv_forward. Every distinct ar_len is lowered once
+    # (XNNPACK lowering is most of an export's time) and each .pte is assembled from them, byte for
+    # byte what lowering each program on its own writes.
+    programs = {KV_PTE: {"forward": 1},
+                HYBRID_PTE: {"prefill_forward": cfg.prefill_ar_len, "kv_forward": 1},
+                LOOKAHEAD_PTE: {"prefill_forward": cfg.prefill_ar_len,
+                                "kv_forward": lookahead.decode_ar_len}}
     with torch.no_grad():
         step(2)
-        _lower({"forward": StaticLlama(weights, 1)}, metadata, out / KV_PTE)
+        lowered = _lower_ar_lens(weights, sorted({ar for p in programs.values() for ar in p.values()}),
+                                 metadata)
         step(3)
-        _lower({"prefill_forward": StaticLlama(weights, cfg.prefill_ar_len),
-                "kv_forward": StaticLlama(weights, 1)}, metadata, out / HYBRID_PTE)
-        step(4)
-        _lower({"prefill_forward": StaticLlama(weights, cfg.prefill_ar_len),
-                "kv_forward": StaticLlama(weights, lookahead.decode_ar_len)},
-               metadata, out / LOOKAHEAD_PTE)
-    step(5)
+        for pte, methods in programs.items():
+            _write_program(lowered, {name: f"ar{ar}" for name, ar in methods.items()}, metadata,
+                           out / pte)
+    step(4)
 
     files = [describe_file(out, out / KV_PTE, role="pte"),
              describe_file(out, out / HYBRID_PTE, role="pte"),
@@ -204,15 +210,27 @@ def _metadata_methods(cfg: LlamaConfig) -> dict[str, int]:
             "get_bos_id": cfg.n_base_tokens, "get_n_base_tokens": cfg.n_base_tokens}
 
 
-def _lower(methods: dict, metadata: dict[str, int], path: Path) -> None:
+def _lower_ar_lens(weights, ar_lens: list[int], metadata: dict[str, int]):
+    """The model at each ar_len, lowered to XNNPACK together: methods ``ar<N>``."""
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
         XnnpackPartitioner,
     )
     from executorch.exir import to_edge_transform_and_lower
 
-    programs = {name: torch.export.export(m, m.example_inputs(), strict=False)
-                for name, m in methods.items()}
-    edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()],
+    from farm.model.llama import StaticLlama
+
+    models = {f"ar{ar}": StaticLlama(weights, ar) for ar in ar_lens}
+    exported = {name: torch.export.export(m, m.example_inputs(), strict=False)
+                for name, m in models.items()}
+    return to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()],
                                        constant_methods=metadata)
-    path.write_bytes(edge.to_executorch().buffer)
+
+
+def _write_program(lowered, methods: dict[str, str], metadata: dict[str, int], path: Path) -> None:
+    """One .pte of the lowered methods, under the method names the runner asks for."""
+    from executorch.exir import EdgeProgramManager
+
+    program = EdgeProgramManager({name: lowered.exported_program(src) for name, src in methods.items()},
+                                 metadata, lowered.compile_config)
+    path.write_bytes(program.to_executorch().buffer)

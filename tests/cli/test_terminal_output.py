@@ -116,13 +116,20 @@ def test_export_reports_its_steps_in_order(tmp_path, monkeypatch):
 
     # The lowering itself is torch.export + XNNPACK (tests/bundle/test_export.py runs it); here only the
     # steps around it matter.
-    monkeypatch.setattr(export, "_lower", lambda methods, metadata, path: path.write_bytes(b"pte"))
+    lowered: list[list[int]] = []
+    monkeypatch.setattr(export, "_lower_ar_lens",
+                        lambda weights, ar_lens, metadata: lowered.append(ar_lens) or "lowered")
+    monkeypatch.setattr(export, "_write_program",
+                        lambda lowered, methods, metadata, path: path.write_bytes(repr(methods).encode()))
     steps: list[tuple[str, int, int]] = []
     manifest = export.export_bundle("tiny", tmp_path / "exports",
                                     on_step=lambda *s: steps.append(s))
     assert manifest.is_file()
-    assert steps == [(what, i, 5) for i, what in enumerate(export.STEPS, 1)]
-    assert [what for what, _, _ in steps][3] == "lowering the lookahead program"
+    assert steps == [(what, i, 4) for i, what in enumerate(export.STEPS, 1)]
+    assert [what for what, _, _ in steps][1] == "lowering the model to XNNPACK"
+    # every distinct ar_len lowered once, in one call: tiny's decode (1); its prefill and its
+    # lookahead decode ((4 + 4) * (3 - 1) = 16 rows) share one
+    assert lowered == [[1, 16]]
     cached: list[tuple] = []
     assert export.export_bundle("tiny", tmp_path / "exports", on_step=lambda *s: cached.append(s)) \
         == manifest
