@@ -45,6 +45,7 @@ farm runs on its own adb server on this host and an SQLite pool under the farm h
 
     [run]
     command_timeout_s = 600
+    help_timeout_s = 60                  # a runner's --help, asked once after deploy for its dialect
     workspace = "/data/local/tmp/ptefarm"
 
 Every key is validated at start-up; an error names the file, the line where the key is (when the
@@ -98,6 +99,7 @@ DEFAULT_ACQUIRE_TIMEOUT_S = 600.0
 DEFAULT_QUARANTINE_AFTER = 3
 DEFAULT_LIVENESS_S = 120.0  # a device not seen (synced, or used) this long is not leased
 DEFAULT_COMMAND_TIMEOUT_S = 600.0
+DEFAULT_HELP_TIMEOUT_S = 60.0
 DEFAULT_RETENTION_DAYS = 30.0
 DEFAULT_RESULTS_RETENTION_DAYS = 180.0  # stored runs; named baselines are kept whatever their age
 # The recovery ladder (farm.device.recovery): its rungs in the only order they make sense in, and how
@@ -278,6 +280,9 @@ class DeviceConfig:
 @dataclass(frozen=True)
 class RunConfig:
     command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S
+    # A runner that does not answer --help within this is one that cannot start (bad input); a hung
+    # one costs each run that long once, so a test of that path sets it short.
+    help_timeout_s: float = DEFAULT_HELP_TIMEOUT_S
     workspace: str = DEFAULT_WORKSPACE
 
 
@@ -361,7 +366,7 @@ _KNOWN = {
                     "local_port"},
     "pool": {"url", "lease_ttl_s", "acquire_timeout_s", "quarantine_after", "liveness_s",
              "retention_days"},
-    "run": {"command_timeout_s", "workspace"},
+    "run": {"command_timeout_s", "help_timeout_s", "workspace"},
     "devices": {"serial", "tags"},
     "results": {"retention_days"},
     "virtual": {"timing"},
@@ -588,6 +593,8 @@ def from_dict(raw: dict[str, Any], where: str = "<config>", source: Path | None 
     run = RunConfig(
         command_timeout_s=float(_get(run_t, "run", "command_timeout_s", (int, float),
                                      DEFAULT_COMMAND_TIMEOUT_S, loc, True)),
+        help_timeout_s=float(_get(run_t, "run", "help_timeout_s", (int, float),
+                                  DEFAULT_HELP_TIMEOUT_S, loc, True)),
         workspace=_get(run_t, "run", "workspace", str, DEFAULT_WORKSPACE, loc),
     )
     if not run.workspace.startswith("/"):

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.bundle.manifest import Bundle
+from farm.config import DEFAULT_HELP_TIMEOUT_S
 from farm.device.protocol import DeviceLike
 from farm.errors import DeviceTimeout, FarmError, InfraError, RunIncomplete, UsageError
 from farm.execute.deploy import bundle_workspace
@@ -258,8 +259,8 @@ _CANNOT_START: dict[tuple[str, frozenset[tuple[str, str]]], tuple[str, str | Non
 _HELP_LOCK = threading.Lock()
 # gflags prints --help before the runner loads anything: a runner silent this long hangs at start.
 # Generous: farm-llama-runner behind a wrapper takes seconds on a loaded host, and a slow help taken
-# for a hang would call a good bundle bad.
-HELP_TIMEOUT_S = 60.0
+# for a hang would call a good bundle bad. A farm's [run] help_timeout_s sets it for a run.
+HELP_TIMEOUT_S = DEFAULT_HELP_TIMEOUT_S
 ALIVE_TIMEOUT_S = 15.0  # the device must answer ``true`` in this long for a hang to be the runner's
 _LINKER = re.compile(r'CANNOT LINK EXECUTABLE "[^"]*": (.*)')
 # A library the runner loads while it runs (QNN's dlopen of libQnnHtp.so on a phone; on a virtual device

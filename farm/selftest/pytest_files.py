@@ -17,12 +17,15 @@ def test_generate(llm, prompt):
 """
 
 
-def farm_toml(path: Path, adb_port: int, pool_url: str, *, recovery: dict | None = None, **pool) -> Path:
-    """``[pool]`` keys as keyword arguments; ``recovery``: the ``[recovery]`` table's keys."""
+def farm_toml(path: Path, adb_port: int, pool_url: str, *, recovery: dict | None = None,
+              run: dict | None = None, **pool) -> Path:
+    """``[pool]`` keys as keyword arguments; ``recovery`` and ``run``: those tables' keys."""
     lines = ["[[adb_servers]]", 'host = "127.0.0.1"', f"port = {adb_port}", "", "[pool]",
              f'url = "{pool_url}"']
     lines += [f"{k} = {v}" for k, v in pool.items()]
     if recovery is not None:
         lines += ["", "[recovery]"] + [f"{k} = {json.dumps(v)}" for k, v in recovery.items()]
+    if run is not None:
+        lines += ["", "[run]"] + [f"{k} = {json.dumps(v)}" for k, v in run.items()]
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -131,6 +131,7 @@ NUMERIC_KEYS = [  # (table header, key, 1-based line of the key in the text belo
     ("[pool]", "acquire_timeout_s", 4),
     ("[pool]", "quarantine_after", 4),
     ("[run]", "command_timeout_s", 4),
+    ("[run]", "help_timeout_s", 4),
     ("[[adb_servers]]", "port", 4),
 ]
 
@@ -158,9 +159,10 @@ def test_semantic_errors_give_the_line_of_the_key(tmp_path):
 
 def test_good_numbers_still_load(tmp_path):
     path = write(tmp_path / "farm.toml", "[pool]\nlease_ttl_s = 0.5\nquarantine_after = 1\n"
-                                         "[run]\ncommand_timeout_s = 1e6\n")
+                                         "[run]\ncommand_timeout_s = 1e6\nhelp_timeout_s = 5\n")
     cfg = load_config(path)
     assert cfg.pool.lease_ttl_s == 0.5 and cfg.run.command_timeout_s == 1e6
+    assert cfg.run.help_timeout_s == 5.0
 
 
 # -- duration flags ------------------------------------------------------------------------------

@@ -211,8 +211,8 @@ def test_a_device_that_stops_answering_during_help_stays_an_infra_error(device, 
 
 def test_qualifying_a_bundle_whose_runner_hangs_is_bad_input_and_the_device_stays_available(tmp_path):
     """The smoke suite against a bundle whose runner hangs at start, on one virtual SM8650: every
-    test that needs the runner is a bad-input error naming it (the first after one help timeout of
-    60 s, the rest at once), the run's verdict is bad input, nothing is re-run and the device is neither
+    test that needs the runner is a bad-input error naming it (the first after one help timeout, the
+    farm's [run] help_timeout_s, the rest at once), the run's verdict is bad input, nothing is re-run and the device is neither
     quarantined nor charged an infrastructure failure."""
     from farm.cli.qualify import exit_code as qualify_exit_code
     from farm.exitcodes import ExitCode
@@ -223,7 +223,9 @@ def test_qualifying_a_bundle_whose_runner_hangs_is_bad_input_and_the_device_stay
     pool_url = f"sqlite:///{tmp_path / 'pool.db'}"
     with VirtualFarm(home=tmp_path / "farm") as vf:
         (record,) = vf.up([VirtualDeviceSpec(soc="SM8650")])
-        config = farm_toml(tmp_path / "farm.toml", vf.adb_server.port, pool_url)
+        # A help timeout of 5 s, not the default 60: the path is the same, the wait shorter.
+        config = farm_toml(tmp_path / "farm.toml", vf.adb_server.port, pool_url,
+                           run={"help_timeout_s": 5})
         out = tmp_path / "out"
         started = time.monotonic()
         proc = run_pytest([str(SUITES / "test_smoke.py"), "--farm-config", str(config),
