@@ -53,23 +53,64 @@ upstream_bundle() {  # stage upstream's folders from the tiny export, `farm bund
 }
 
 rank() { case "$1" in 0) echo 0 ;; 3) echo 1 ;; 4) echo 2 ;; 1) echo 3 ;; 2) echo 4 ;; *) echo 5 ;; esac; }
-worst=0
-for model in tiny tiny-qwen2_5 upstream small; do
-  out=reports/latest
+
+# The legs run in two lanes at once: one qualification keeps ~1.2 of 2 cores busy (adb round trips,
+# deploys and result files between runner runs), two keep both. Each leg's output goes to its log,
+# printed whole when the leg ends, so that the two runs' lines never interleave.
+state=$(mktemp -d "${TMPDIR:-/tmp}/ptefarm-qualify.XXXXXX")
+interrupted=0
+# shellcheck disable=SC2329  # invoked by the trap
+stop_legs() {  # a signal to this script alone (a CI cancel) reaches every running farm qualify
+  interrupted=1
+  for f in "$state"/*.pid; do [ -e "$f" ] && kill -INT "$(cat "$f")" 2>/dev/null; done
+  return 0
+}
+trap stop_legs INT TERM
+
+leg() {  # MODEL: one qualification; its exit code in $state/MODEL.code
+  local model=$1 out=reports/latest code=0 start=$SECONDS
   [ "$model" = tiny ] || out=reports/latest-$model
-  code=0 start=$SECONDS
-  if [ "$model" = upstream ]; then
-    upstream_bundle && qualify "$out" --bundle "$UPSTREAM/bundle/manifest.json" || code=$?
-  elif [ "$model" = small ]; then
-    to_pytest=(${pytest_args[@]+"${pytest_args[@]}"})  # from `--` on, to which the cases file is added
-    [ "${#to_pytest[@]}" -gt 0 ] || to_pytest=(--)
-    farm qualify --out "$out" --model small --virtual SM8650:2 --virtual-timing phone \
-      ${options[@]+"${options[@]}"} "${to_pytest[@]}" --farm-cases suites/data/long_context.toml || code=$?
-  else
-    qualify "$out" --model "$model" || code=$?
-  fi
+  mkdir -p reports
+  {
+    if [ "$model" = upstream ]; then
+      if upstream_bundle; then qualify "$out" --bundle "$UPSTREAM/bundle/manifest.json" & else c=$?; (exit "$c") & fi
+    elif [ "$model" = small ]; then
+      to_pytest=(${pytest_args[@]+"${pytest_args[@]}"})  # from `--` on, to which the cases file is added
+      [ "${#to_pytest[@]}" -gt 0 ] || to_pytest=(--)
+      farm qualify --out "$out" --model small --virtual SM8650:2 --virtual-timing phone \
+        ${options[@]+"${options[@]}"} "${to_pytest[@]}" --farm-cases suites/data/long_context.toml &
+    else
+      qualify "$out" --model "$model" &
+    fi
+    echo $! >"$state/$model.pid"
+    wait $! || code=$?
+  } >"$state/$model.log" 2>&1
+  rm -f "$state/$model.pid"
+  cat "$state/$model.log"
   echo "ci/qualify.sh: $model -> $out: exit $code in $((SECONDS - start)) s" >&2
-  if [ "$(rank "$code")" -gt "$(rank "$worst")" ]; then worst=$code; fi
-  if [ "$code" -eq 130 ]; then break; fi
+  echo "$code" >"$state/$model.code"
+  [ "$code" -ne 130 ]
+}
+
+lane() {  # MODEL...: one after another; an interrupted leg ends the lane
+  for model in "$@"; do leg "$model" || return 0; done
+}
+
+# Balanced by measurement (tiny ~45 s, tiny-qwen2_5 ~50 s, upstream ~30 s, small ~60 s alone, each with
+# its export): the small leg's long runs beside the first lane's three.
+lane tiny upstream &
+lanes=($!)
+lane small tiny-qwen2_5 &
+lanes+=($!)
+for pid in "${lanes[@]}"; do  # a trapped signal ends a wait early: wait again until the lane ends
+  while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done
 done
+worst=0
+for f in "$state"/*.code; do
+  [ -e "$f" ] || continue
+  code=$(cat "$f")
+  if [ "$(rank "$code")" -gt "$(rank "$worst")" ]; then worst=$code; fi
+done
+rm -rf "$state"
+[ "$interrupted" -eq 0 ] || [ "$(rank "$worst")" -ge 5 ] || worst=130
 exit "$worst"
