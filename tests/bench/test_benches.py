@@ -16,11 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from farm.config import DEFAULT_CHUNK_MIN_BYTES
+
 REPO = Path(__file__).resolve().parents[2]
 
 # script -> (arguments, exit codes meaning "ran")
 BENCHES = {
-    "bench_push.py": (["--size-mb", "4", "--repeat", "1"], {0}),
+    # At the chunk threshold, so the chunked cold deploy runs; twice, so the second repeat proves each
+    # cold deploy starts from an empty chunk store (a store left over pushes nothing: exit 1).
+    "bench_push.py": (["--size-mb", str(DEFAULT_CHUNK_MIN_BYTES >> 20), "--repeat", "2"], {0}),
     "bench_deploy.py": (["--pte-mb", "6", "--lib-mb", "2,1", "--rounds", "1"], {0}),
     "bench_delta_deploy.py": (["--synthetic", "4", "--rounds", "1", "--mbps", "20"], {0, 1}),
     "bench_upstream_flow.py": (["--runs", "2", "--padding-mb", "4"], {0}),
@@ -35,6 +39,10 @@ BENCHES = {
                                 "--tokens", "8"], {0, 1}),  # 1: per-token overhead over target
     "bench_updaters.py": (["--configs", "tiny", "--repeats", "1"], {0}),
 }
+
+
+# script -> rows its table must have (a path the small arguments must still take)
+ROWS = {"bench_push.py": ["farm deploy (whole file, cold)", "farm deploy (chunked, cold)"]}
 
 
 def test_every_benchmark_is_covered():
@@ -55,3 +63,5 @@ def test_benchmark_runs_and_ends_with_its_summary(script, tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr
     assert lines and lines[-1].startswith("summary: "), proc.stdout
     assert len(lines) >= 3, proc.stdout  # a table came first
+    for row in ROWS.get(script, []):
+        assert any(line.lstrip().startswith(row + " ") for line in lines), (row, proc.stdout)
