@@ -33,8 +33,7 @@ METHODS = {EvalMode.KV.number: ("forward", "forward"),
            LOOKAHEAD: ("prefill_forward", "kv_forward")}
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+now_ms = WallClock.now_ms  # the host's clock, for what upstream times on it (model load)
 
 
 # extension/llm/runner/stats.h, stats_to_json_string: the observer line's keys, in its order.

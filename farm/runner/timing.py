@@ -12,13 +12,20 @@ The model (parameters and their sources: ``data/phone_timing.toml``):
 - run-to-run noise: a log-normal factor on the whole run, and with probability ``tail_p`` a
   background task adding an exponential share of time (a heavy tail, as phones show);
 - the unit's own speed (``unit_factor``: fixed per device, unit-to-unit spread of one SoC);
-- heat: the HTP zone warms towards ``idle + rise`` while busy and cools to idle between runs (Newton,
-  in closed form, from the wall time between runs); above ``throttle_c`` a step runs
-  ``throttle_factor`` slower, and the run is marked throttled;
+- heat: the HTP zone warms towards ``idle + rise`` while busy and cools to idle for ``idle_gap_s``
+  before each run (Newton, in closed form); above ``throttle_c`` a step runs ``throttle_factor``
+  slower, and the run is marked throttled;
 - slowdown knobs for tests: a factor for runs with a given runner flag value, or of a given model file.
 
 Nothing here sleeps: the runner's stats are read from a simulated clock (``SimClock``) that advances
 by the model's step costs, so a simulated run takes the host's time and reports the phone's.
+
+Reproducible: a run's draws come from the device's ``seed`` (in its spec; by default derived from its
+serial) and the run's index on the device (counted in the device's state beside its heat), never from
+lease order, ports, pids or the host's clock. Heat follows the phone's own time only (its busy time
+and the modelled idle gap before each run), so how fast the host ran changes no figure: the Nth run of
+a device with a given serial and seed reports the same figures every time. The price: waiting on the
+host does not cool a simulated phone; its time passes only in its runs.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import os
 import random
 import time
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from farm.errors import UsageError
@@ -41,25 +48,28 @@ TIMING_ENV = "PTEFARM_PHONE_TIMING"  # set by a virtual device: path of its timi
 DATA_FILE = Path(__file__).with_name("data") / "phone_timing.toml"
 
 
+# The model's parameters have one home, the data file's [noise] and [heat] tables (what each means and
+# where it comes from is said there): these classes hold them without defaults of their own.
 @dataclass(frozen=True)
 class Noise:
-    sigma: float = 0.012
-    tail_p: float = 0.04
-    tail_mean: float = 0.08
-    unit_sigma: float = 0.025
-    day_sigma: float = 0.015
+    sigma: float
+    tail_p: float
+    tail_mean: float
+    unit_sigma: float
+    day_sigma: float
 
 
 @dataclass(frozen=True)
 class Heat:
-    idle_c: float = 35.5
-    rise_c: float = 30.0
-    heat_tau_s: float = 120.0
-    cool_tau_s: float = 45.0
-    throttle_c: float = 58.0
-    throttle_factor: float = 1.35
-    battery_idle_c: float = 31.2
-    battery_share: float = 0.3
+    idle_c: float
+    rise_c: float
+    heat_tau_s: float
+    cool_tau_s: float
+    throttle_c: float
+    throttle_factor: float
+    battery_idle_c: float
+    battery_share: float
+    idle_gap_s: float
 
     def cooled(self, temp_c: float, idle_s: float) -> float:
         return self.idle_c + (temp_c - self.idle_c) * math.exp(-max(idle_s, 0.0) / self.cool_tau_s)
@@ -114,9 +124,12 @@ class Slowdown:
 
 @dataclass(frozen=True)
 class PhoneTiming:
+    """``seed``: the device's noise (with each run's index on the device, the run's draws)."""
+
     soc: SocTiming
-    noise: Noise = field(default_factory=Noise)
-    heat: Heat = field(default_factory=Heat)
+    noise: Noise
+    heat: Heat
+    seed: int = 0
     unit_factor: float = 1.0
     slowdowns: tuple[Slowdown, ...] = ()
 
@@ -128,12 +141,9 @@ class PhoneTiming:
     @classmethod
     def from_json(cls, raw: dict, where: str) -> PhoneTiming:
         try:
-            soc = raw["soc"]
-            return cls(soc=SocTiming(soc=soc["soc"], source=soc["source"],
-                                     prefill_tok_s=float(soc["prefill_tok_s"]),
-                                     decode=_anchors(soc["decode"], soc["soc"])),
-                       noise=Noise(**raw.get("noise", {})), heat=Heat(**raw.get("heat", {})),
-                       unit_factor=float(raw.get("unit_factor", 1.0)),
+            noise, heat = _model(raw)
+            return cls(soc=_soc_timing(raw["soc"]["soc"], raw["soc"]), noise=noise, heat=heat,
+                       seed=int(raw["seed"]), unit_factor=float(raw.get("unit_factor", 1.0)),
                        slowdowns=tuple(Slowdown(**s) for s in raw.get("slowdowns", ())))
         except (KeyError, TypeError, ValueError) as e:
             raise UsageError(f"{where}: not a phone timing spec: {type(e).__name__}: {e}") from None
@@ -159,31 +169,56 @@ def _anchors(raw: dict, soc: str) -> dict[str, tuple[tuple[int, float], ...]]:
     return decode
 
 
+def _soc_timing(name: str, table: dict) -> SocTiming:
+    return SocTiming(soc=name, source=str(table["source"]), prefill_tok_s=float(table["prefill_tok_s"]),
+                     decode=_anchors(table["decode"], name))
+
+
+def _model(raw: dict) -> tuple[Noise, Heat]:
+    """The noise and heat parameters of a data file or a spec (every one of them required)."""
+    return Noise(**raw["noise"]), Heat(**raw["heat"])
+
+
 def load_profiles(path: Path = DATA_FILE) -> tuple[dict[str, SocTiming], Noise, Heat]:
     """The data file's SoC figures, noise and heat parameters."""
     try:
         raw = tomllib.loads(path.read_text())
-        socs = {name: SocTiming(soc=name, source=str(t["source"]), prefill_tok_s=float(t["prefill_tok_s"]),
-                                decode=_anchors(t["decode"], name))
-                for name, t in raw.get("soc", {}).items()}
-        return socs, Noise(**raw.get("noise", {})), Heat(**raw.get("heat", {}))
+        socs = {name: _soc_timing(name, t) for name, t in raw.get("soc", {}).items()}
+        return socs, *_model(raw)
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
         raise UsageError(f"{path}: {type(e).__name__}: {e}") from None
 
 
+def _key(*parts: object) -> int:
+    """A 64-bit number fixed by ``parts`` (the same in every process: no hash randomization)."""
+    text = "/".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
 def unit_factor(serial: str, sigma: float) -> float:
     """A unit's own speed factor (>1: slower), fixed by its serial."""
-    seed = int.from_bytes(hashlib.sha256(serial.encode()).digest()[:8], "big")
-    return math.exp(random.Random(seed).gauss(0.0, sigma))
+    return math.exp(random.Random(_key(serial)).gauss(0.0, sigma))
 
 
-def phone_timing(soc: str, serial: str, *, slowdowns: tuple[Slowdown, ...] = (),
-                 heat: Heat | None = None, path: Path = DATA_FILE) -> PhoneTiming:
-    """The timing of a simulated phone of ``soc`` with this serial."""
+def default_seed(serial: str) -> int:
+    """A device's noise seed unless its spec gives one: fixed by its serial, apart from its unit factor."""
+    return _key("noise", serial)
+
+
+def run_random(seed: int, index: int) -> random.Random:
+    """The draws of a device's ``index``-th run (0 first): fixed by the device's seed and that index."""
+    return random.Random(_key(seed, index))
+
+
+def phone_timing(soc: str, serial: str, *, slowdowns: tuple[Slowdown, ...] = (), heat: Heat | None = None,
+                 seed: int | None = None, path: Path = DATA_FILE) -> PhoneTiming:
+    """The timing of a simulated phone of ``soc`` with this serial; ``seed``: its noise's, instead of
+    the one its serial gives."""
     socs, noise, default_heat = load_profiles(path)
     if soc not in socs:
         raise UsageError(f"no simulated phone timing for {soc} in {path} (has {', '.join(sorted(socs))})")
     return PhoneTiming(soc=socs[soc], noise=noise, heat=heat or default_heat,
+                       seed=default_seed(serial) if seed is None else seed,
                        unit_factor=unit_factor(serial, noise.unit_sigma), slowdowns=slowdowns)
 
 
@@ -196,67 +231,78 @@ def run_factor(noise: Noise, rng: random.Random) -> float:
 
 
 @dataclass
-class HeatState:
-    """The HTP zone's temperature at a wall time, kept between runs on the device."""
+class PhoneState:
+    """What a device keeps between runs: its HTP zone's temperature as its last run left it, and how
+    many runs it has begun (the next run's index). The phone's own time, never the host's."""
 
     temp_c: float
-    wall: float
-
-    def now(self, heat: Heat, wall: float) -> float:
-        return heat.cooled(self.temp_c, wall - self.wall)
+    runs: int = 0
 
 
 class HeatFile:
-    """The device's heat state (a JSON file in its /data/system), read and written under a lock:
-    two runs at once on one phone share its heat."""
+    """The device's state (a JSON file in its /data/system), read and written under a lock: two runs
+    at once on one phone share its heat, and each takes its own index."""
 
     def __init__(self, path: str | Path, heat: Heat):
         self.path = Path(path)
         self.heat = heat
 
-    def read(self, wall: float | None = None) -> float:
-        """The zone's temperature now."""
-        wall = time.time() if wall is None else wall
-        return self._load().now(self.heat, wall)
+    def read(self) -> float:
+        """The zone's temperature, as the last run left it (the phone's time stands between runs)."""
+        return self._load().temp_c
 
-    def _load(self) -> HeatState:
+    def _load(self) -> PhoneState:
         try:
             raw = json.loads(self.path.read_text())
-            return HeatState(float(raw["temp_c"]), float(raw["wall"]))
+            return PhoneState(float(raw["temp_c"]), int(raw.get("runs", 0)))
         except (OSError, ValueError, KeyError, TypeError):
-            return HeatState(self.heat.idle_c, 0.0)
+            return PhoneState(self.heat.idle_c)
 
-    def add_busy(self, start_c: float, end_c: float, wall: float) -> None:
-        """Record a run that took the zone from ``start_c`` to ``end_c``; a run that overlapped
-        adds its own rise."""
+    @contextlib.contextmanager
+    def _locked(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            now = self._load().now(self.heat, wall)
-            state = HeatState(min(now + (end_c - start_c), self.heat.idle_c + self.heat.rise_c), wall)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(asdict(state)))
-            os.replace(tmp, self.path)
+            yield self._load()
+
+    def _save(self, state: PhoneState) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(asdict(state)))
+        os.replace(tmp, self.path)
+
+    def begin(self) -> tuple[float, int]:
+        """A run starts: the phone idled its modelled gap since the last one. Returns the zone's
+        temperature at the start and the run's index on the device."""
+        with self._locked() as state:
+            start_c = self.heat.cooled(state.temp_c, self.heat.idle_gap_s)
+            self._save(PhoneState(start_c, state.runs + 1))
+        return start_c, state.runs
+
+    def add_busy(self, start_c: float, end_c: float) -> None:
+        """Record a run that took the zone from ``start_c`` to ``end_c``; a run that overlapped
+        adds its own rise."""
+        with self._locked() as state:
+            top = self.heat.idle_c + self.heat.rise_c
+            self._save(PhoneState(min(state.temp_c + (end_c - start_c), top), state.runs))
 
 
 class SimClock:
     """The runner's clock on a simulated phone: starts at the wall clock and advances only by the
-    model's step costs. ``throttled``: some step of this run ran throttled."""
+    model's step costs, drawn from ``rng``. ``throttled``: some step of this run ran throttled."""
 
     def __init__(self, timing: PhoneTiming, *, updater: str, context: int, start_c: float,
-                 slowdown: float = 1.0, rng: random.Random | None = None, start_ms: int | None = None):
+                 rng: random.Random, slowdown: float = 1.0, start_ms: int | None = None):
         self.timing = timing
         self.updater = updater
         self.context = context
         self.temp_c = self.start_c = start_c
-        rng = rng or random.Random()
         self.factor = timing.unit_factor * slowdown * run_factor(timing.noise, rng)
-        self._ms = float(int(time.time() * 1000) if start_ms is None else start_ms)
-        self.busy_s = 0.0
+        self._start_ms = WallClock.now_ms() if start_ms is None else start_ms
+        self.busy_s = 0.0  # the run's time since its start: the stats' intervals, whatever the start
         self.throttled = False
 
     def now_ms(self) -> int:
-        return int(self._ms)
+        return self._start_ms + int(self.busy_s * 1000)
 
     def _spend(self, ms: float) -> None:
         heat = self.timing.heat
@@ -264,7 +310,6 @@ class SimClock:
             ms *= heat.throttle_factor
             self.throttled = True
         ms *= self.factor
-        self._ms += ms
         self.busy_s += ms / 1000
         self.temp_c = heat.heated(self.temp_c, ms / 1000)
 
@@ -326,21 +371,22 @@ def file_sha256(path: str) -> str | None:
 def simulated_phone(runner, args):
     """One generate call of the runner on the simulated phone its device names (``TIMING_ENV``), or
     on the host's clock when none is named: the call's stats come from a ``SimClock`` at the phone's
-    current heat, and the heat the call made is kept for the next."""
+    heat after its idle gap, with the draws of the call's index on the device, and the heat the call
+    made is kept for the next."""
     path = os.environ.get(TIMING_ENV)
     if not path:
         yield
         return
     timing, heat_path = load_timing_spec(path)
     heat_file = HeatFile(heat_path, timing.heat)
-    start_c = heat_file.read()
     flags = {k: str(v) for k, v in vars(args).items()}
     model_sha = file_sha256(args.model_path) if any(s.model_sha256 for s in timing.slowdowns) else None
+    start_c, index = heat_file.begin()
     clock = SimClock(timing, updater=args.kv_updater, context=runner.context_len, start_c=start_c,
-                     slowdown=timing.slowdown(flags, model_sha))
+                     rng=run_random(timing.seed, index), slowdown=timing.slowdown(flags, model_sha))
     runner.clock = clock
     try:
         yield
     finally:
         runner.clock = WallClock()
-        heat_file.add_busy(start_c, clock.temp_c, time.time())
+        heat_file.add_busy(start_c, clock.temp_c)

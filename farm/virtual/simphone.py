@@ -3,12 +3,14 @@
 Such a device announces ``ro.ptefarm.timing=simulated`` and gives its runner the timing spec of its
 SoC and unit (farm/runner/timing.py) in ``R/system/etc/ptefarm-timing.json``: every figure its runner
 writes is the model's, not the host's, and the farm marks it simulated. The spec is read at each run,
-so a test's slowdown knob (``set_slowdowns``) takes effect at the next run.
+so a test's slowdown knob (``set_slowdowns``) or noise seed (``set_seed``; by default the serial's)
+takes effect at the next run.
 
-The heat its runs make lives in the device's ``/data/system/ptefarm-heat.json`` (the runner writes it);
-``HeatRenderer`` shows it where a phone shows heat: the HTP and skin zones, the battery temperature,
-and so ``dumpsys battery`` and ``dumpsys thermalservice`` (whose status follows the skin zone, as a
-Snapdragon thermal HAL's does). On such a device the model owns those three readings.
+The heat its runs make, and how many runs it has begun (each run's draws follow its index), live in
+the device's ``/data/system/ptefarm-heat.json`` (the runner writes it; ``reset_state`` removes it).
+``HeatRenderer`` shows the heat where a phone shows it: the HTP and skin zones, the battery
+temperature, and so ``dumpsys battery`` and ``dumpsys thermalservice`` (whose status follows the skin
+zone, as a Snapdragon thermal HAL's does). On such a device the model owns those three readings.
 """
 
 from __future__ import annotations
@@ -52,16 +54,19 @@ def check_timing(timing: str, soc: str) -> None:
 
 
 def install_timing(root: Path, props: dict[str, str], *, confined: bool,
-                   slowdowns: tuple[Slowdown, ...] | None = None) -> dict[str, str]:
+                   slowdowns: tuple[Slowdown, ...] | None = None, seed: int | None = None) -> dict[str, str]:
     """Write the device's timing spec (at each start, and when a knob changes); returns what its
-    commands' environment gains. A device with host timing gets nothing and has no spec."""
+    commands' environment gains. A device with host timing gets nothing and has no spec. The knobs
+    and the seed not given are kept from the spec there is."""
     spec_path = root / SPEC_REL
     if not is_simulated(props):
         spec_path.unlink(missing_ok=True)
         return {}
-    if slowdowns is None:
-        slowdowns = current_timing(root).slowdowns if spec_path.exists() else ()
-    timing = phone_timing(_soc(props), props["ro.serialno"], slowdowns=slowdowns)
+    if spec_path.exists():
+        current = current_timing(root)
+        slowdowns = current.slowdowns if slowdowns is None else slowdowns
+        seed = current.seed if seed is None else seed
+    timing = phone_timing(_soc(props), props["ro.serialno"], slowdowns=slowdowns or (), seed=seed)
     (root / HEAT_REL).parent.mkdir(parents=True, exist_ok=True)
     heat_path = f"/{HEAT_REL}" if confined else str(root / HEAT_REL)
     spec_path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,13 +90,29 @@ def current_timing(root: Path) -> PhoneTiming:
     return PhoneTiming.from_json(raw, str(path))
 
 
+def _check_simulated(props: dict[str, str], what: str) -> None:
+    if not is_simulated(props):
+        raise UsageError(f"virtual device {props.get('ro.serialno')} runs on host timing: {what} "
+                         f"needs a device started with --timing phone")
+
+
 def set_slowdowns(root: Path, props: dict[str, str], slowdowns: tuple[Slowdown, ...], *,
                   confined: bool) -> None:
     """The test knob: runs matching a slowdown take its factor times as long, from the next run."""
-    if not is_simulated(props):
-        raise UsageError(f"virtual device {props.get('ro.serialno')} runs on host timing: a slowdown "
-                         f"needs a device started with --timing phone")
+    _check_simulated(props, "a slowdown")
     install_timing(root, props, confined=confined, slowdowns=slowdowns)
+
+
+def set_seed(root: Path, props: dict[str, str], seed: int, *, confined: bool) -> None:
+    """The device's noise seed in place of its serial's, from the next run (its runs keep their index)."""
+    _check_simulated(props, "a noise seed")
+    install_timing(root, props, confined=confined, seed=seed)
+
+
+def reset_state(root: Path) -> None:
+    """A phone at rest with no run behind it: idle heat, and the next run is its run 0 again, with the
+    draws it had then."""
+    (root / HEAT_REL).unlink(missing_ok=True)
 
 
 def apply_heat(root: Path, heat: Heat, htp_c: float) -> bool:
