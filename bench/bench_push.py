@@ -60,8 +60,11 @@ def _timed(fn) -> float:
 def clear_chunk_store(device) -> None:
     """Empty the device's chunk store with the store's own listing and removal, and check it is."""
     store = chunkstore.store_dir(device)
-    listing = lambda: chunkstore.parse_listing(  # noqa: E731
-        device.shell(chunkstore.listing_command(store), timeout=60, check=True).out)
+
+    def listing() -> tuple[dict, list[str]]:
+        return chunkstore.parse_listing(
+            device.shell(chunkstore.listing_command(store), timeout=60, check=True).out)
+
     stored, strays = listing()
     paths = [s.path for s in stored.values()] + strays
     if paths:
@@ -144,7 +147,7 @@ def main() -> int:
                         raise SystemExit(f"{name}: pushed {written.stat().st_size} bytes, not {size}")
                     results[name].append(seconds)
                     if name.startswith("farm deploy"):
-                        if fn is methods[-1][1]:  # what `farm deploy` does by default, again
+                        if name == methods[-1][0]:  # the default policy's deploy again: no change
                             warm.append(_timed(lambda: deploy(farm_device, bundle, chunking=CHUNKED)))
                         record.unlink()  # the next deploy finds no record, so pushes again
                     written.unlink()
