@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 
 import adbutils
 import pytest
@@ -94,8 +95,6 @@ def test_runs_heat_the_phone_where_a_phone_shows_heat(sim_farm, tiny_bundle):
     root = vf.device(sim.serial).root
     # far enough past throttling that the idle gap before the next run leaves it there
     (root / HEAT_REL).write_text(json.dumps({"temp_c": 64.0}))
-    import time
-
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         zones = {z["type"]: z["temp_c"] for z in json.loads((root / "phone.json").read_text())["thermal"]}
