@@ -6,10 +6,11 @@ request, or one bundle with two requests (the two updaters). Each device of the 
 whole comparison; both bundles are deployed side by side (each has its own workspace, so they stay
 cached), then every round runs ``look_every`` blocks on every device at once, one thread per device.
 A block is one run of each variant in a random order (a coin per block, from ``seed`` and the
-device's serial). Each run keeps its conditions: the battery level and temperature before and after,
-the thermal status after, and whether the device was throttling before or after it (thermal status
-2, MODERATE, or above, when it answered). A device measures in forced deep idle. ``sample_blocks`` is
-the sampling on devices already held and deployed: the suites' A/B tests use it on their leased device.
+device's own serial, ro.serialno). Each run keeps its conditions: the battery level and temperature
+before and after, the thermal status after, and whether the device was throttling before or after it
+(thermal status 2, MODERATE, or above, when it answered). A device measures in forced deep idle.
+``sample_blocks`` is the sampling on devices already held and deployed: the suites' A/B tests use it
+on their leased device.
 
 A failure of the infrastructure (a device gone, adb, a lease lost) is raised as such: no verdict is
 given on the blocks measured so far. A runner that fails is the variant's failure (``RunnerFailed``).
@@ -118,6 +119,13 @@ class Sampling:
     pinning: dict[str, str] = field(default_factory=dict)  # serial -> its CPU governors' pinning
 
 
+def _own_serial(device) -> str:
+    """The device's ro.serialno (a phone's is its USB serial), or the adb server's name for it when
+    it tells none."""
+    own = device.shell("getprop ro.serialno", timeout=30).out.strip()
+    return own or device.serial
+
+
 def _decided(result: ABResult) -> bool:
     return result.verdict != ABVerdict.UNDECIDED
 
@@ -131,9 +139,10 @@ def sample_blocks(devices: list, a: Variant, b: Variant, config: ABConfig, *, bu
     ``budget_s`` device-seconds. ``warmup`` blocks run first on every device and are dropped. Each
     device is held in forced deep idle while it measures, its CPU governors pinned where it allows."""
     config.check_decidable(len(devices))
-    # Each device's coins follow the seed and its serial alone, never the order the devices were
-    # leased in: with a seed, a device's blocks run in the same order whichever devices it is with.
-    coins = {d.serial: random.Random() if seed is None else random.Random(f"{seed}/{d.serial}")
+    # Each device's coins follow the seed and its own serial alone, never the order the devices were
+    # leased in nor the adb server's name for it (a virtual device's is its port): with a seed, a
+    # device's blocks run in the same order whichever devices it is with, wherever it listens.
+    coins = {d.serial: random.Random() if seed is None else random.Random(f"{seed}/{_own_serial(d)}")
              for d in devices}
     blocks: list[Block] = []
     samples: list[Sample] = []
