@@ -23,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit, urlunsplit
 
 from farm.errors import PoolError
@@ -217,6 +217,22 @@ class Store(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+
+class StoreOwner:
+    """An object that owns a Store (``self.store``) and closes it with itself: a Pool, a
+    ResultsStore. A context manager: ``with Pool.open(url) as pool:`` closes the store on leaving."""
+
+    store: Store
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def redact_url(url: str) -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Self
 
 from farm.config import FarmConfig, PoolConfig
-from farm.db.base import Listener, PoolLost, Store, Txn
+from farm.db.base import Listener, PoolLost, Store, StoreOwner, Txn
 from farm.db.connect import open_store
 from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError, UsageError
 from farm.pool import health
@@ -302,7 +302,7 @@ def _grant(txn: Txn, device: DeviceRecord, entry: QueueEntry) -> LeaseInfo:
                      created=txn.now, renewed=txn.now, expires=txn.now + entry.ttl, ended=None, end_reason=None)
 
 
-class Pool:
+class Pool(StoreOwner):
     """A handle on the shared pool. Thread-safe; open one per process."""
 
     def __init__(self, store: Store, settings: PoolConfig | None = None, *,
@@ -363,15 +363,6 @@ class Pool:
         """The configured pool: its URL and settings, with the config's device tags."""
         options.setdefault("device_tags", config.device_tags)
         return cls.open(config.pool.url, config.pool, **options)
-
-    def close(self) -> None:
-        self.store.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- leasing -------------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Self
 
-from farm.db.base import Store, Txn
+from farm.db.base import Store, StoreOwner, Txn
 from farm.db.connect import open_store
 from farm.errors import UsageError
 from farm.results.changes import PointSeries, RunPoint
@@ -150,7 +150,7 @@ def _check_run(run: QualificationResults) -> str:
 
 # -- the store ----------------------------------------------------------------------------------------
 
-class ResultsStore:
+class ResultsStore(StoreOwner):
     """The results tables of one pool database. Open one per process, like a Pool."""
 
     def __init__(self, store: Store):
@@ -160,15 +160,6 @@ class ResultsStore:
     def open(cls, url: str, **options: Any) -> Self:
         """Connect to the database at ``url``, creating or migrating its schema."""
         return cls(open_store(url, **options))
-
-    def close(self) -> None:
-        self.store.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def where(self) -> str:
