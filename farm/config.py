@@ -73,7 +73,7 @@ import socket
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from farm.errors import UsageError
@@ -691,26 +691,37 @@ def _devices(raw: Any, loc: _Where) -> tuple[DeviceConfig, ...]:
     return tuple(devices)
 
 
-def read_toml(path: Path, what: str = "file",
-              max_bytes: int = MAX_CONFIG_BYTES) -> tuple[dict[str, Any], str]:
-    """A TOML file and its text; every problem is one UsageError naming the file (and the line of a
-    byte that is not UTF-8). ``what`` says what the file is, in the messages. A file over
-    ``max_bytes`` is refused unread (never held, parsed or echoed whole)."""
+def read_text(path: Path, what: str = "file", max_bytes: int | None = MAX_CONFIG_BYTES, *,
+              bad_byte_at: Literal["line", "offset"] = "line") -> str:
+    """The text of an input file, UTF-8; every problem is one UsageError naming the file. ``what``
+    says what the file is, in the messages. A file over ``max_bytes`` is refused unread (never held,
+    parsed or echoed whole; None: no bound). A byte that is not UTF-8 is named with its line
+    (``path:LINE:``), or with ``bad_byte_at="offset"`` its offset in the file (a JSON file, whose
+    parser counts characters, not lines)."""
     try:
         with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
-        if len(data) > max_bytes:
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:
             raise UsageError(f"{path}: {what} is larger than {max_bytes} bytes; not read")
     except FileNotFoundError:
         raise UsageError(f"{path}: {what} not found") from None
     except OSError as e:
         raise UsageError(f"{path}: cannot read {what}: {e.strerror or e}") from None
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
+        byte = f"byte 0x{data[e.start]:02x}"
+        if bad_byte_at == "offset":
+            raise UsageError(f"{path}: {what} is not valid UTF-8 ({byte} at offset {e.start})") from None
         line = data[:e.start].count(b"\n") + 1
-        raise UsageError(f"{path}:{line}: {what} is not valid UTF-8 (byte 0x{data[e.start]:02x})") \
-            from None
+        raise UsageError(f"{path}:{line}: {what} is not valid UTF-8 ({byte})") from None
+
+
+def read_toml(path: Path, what: str = "file",
+              max_bytes: int = MAX_CONFIG_BYTES) -> tuple[dict[str, Any], str]:
+    """A TOML file and its text, read by ``read_text``; every problem is one UsageError naming the
+    file (and the line of a byte that is not UTF-8)."""
+    text = read_text(path, what, max_bytes)
     try:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as e:

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from farm.config import read_text
 from farm.errors import UsageError
 from farm.fileio import write_atomic
 from farm.vocab import EVAL_MODE_NUMBERS, Dialect, EvalMode
@@ -199,17 +200,7 @@ def _optional(obj: dict, key: str, typ: type | tuple[type, ...], default: Any, w
 
 
 def _read_manifest(manifest_path: Path, where: str) -> Any:
-    try:
-        data = manifest_path.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"{where}: manifest not found") from None
-    except OSError as e:
-        raise UsageError(f"{where}: cannot read manifest: {e.strerror or e}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{where}: manifest is not valid UTF-8 (byte 0x{data[e.start]:02x} at "
-                         f"offset {e.start})") from None
+    text = read_text(manifest_path, "manifest", max_bytes=None, bad_byte_at="offset")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
