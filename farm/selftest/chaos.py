@@ -70,6 +70,20 @@ class Scenario:
     run: Callable[[Lab], Observation]
 
 
+# Every scenario, in the order `farm chaos` lists and runs them: the order they are defined in below,
+# each declared by ``@scenario`` beside its code.
+SCENARIOS: list[Scenario] = []
+
+
+def scenario(name: str, fault: str, injected: str, expected: str) -> Callable[[Callable], Callable]:
+    """Declare the function below as scenario ``name`` of SCENARIOS: the fault, how it is injected
+    and what the farm is expected to do (the columns of `farm chaos`'s table)."""
+    def register(run: Callable[[Lab], Observation]) -> Callable[[Lab], Observation]:
+        SCENARIOS.append(Scenario(name, fault, injected, expected, run))
+        return run
+    return register
+
+
 # -- the lab --------------------------------------------------------------------------------------
 
 class Lab:
@@ -244,6 +258,9 @@ def _on_first(lab: Lab, devices: list, pattern: str, action: Callable) -> None:
         lab.when_path_appears(d.root / "data", pattern, lambda d=d: once(d))
 
 
+@scenario("killed-during-deploy", "device killed during deploy",
+          "SIGKILL of the device process when a push starts",
+          "infra error, re-run on another device, device offline")
 def killed_during_deploy(lab: Lab) -> Observation:
     def inject(devices):
         for d in devices:  # slow enough that the kill lands inside the push
@@ -253,6 +270,9 @@ def killed_during_deploy(lab: Lab) -> Observation:
     return _retry_elsewhere(lab, inject)
 
 
+@scenario("killed-during-run", "device killed during a run",
+          "SIGKILL of the device process when the runner starts",
+          "infra error, re-run on another device, device offline")
 def killed_during_run(lab: Lab) -> Observation:
     def inject(devices):
         _on_first(lab, devices, "runner.pid", lambda d: lab.vf.kill(d.serial))
@@ -260,6 +280,8 @@ def killed_during_run(lab: Lab) -> Observation:
     return _retry_elsewhere(lab, inject)
 
 
+@scenario("unplugged", "device unplugged", "`adb disconnect` when the runner starts",
+          "infra error, re-run on another device, device offline")
 def unplugged_during_run(lab: Lab) -> Observation:
     def inject(devices):
         _on_first(lab, devices, "runner.pid", lambda d: lab.vf.server.disconnect(d.serial))
@@ -267,6 +289,23 @@ def unplugged_during_run(lab: Lab) -> Observation:
     return _retry_elsewhere(lab, inject)
 
 
+@scenario("slow-link", "link slowed", "every stream throttled to 300 kB/s", "completes; not quarantined")
+def link_slowed(lab: Lab) -> Observation:
+    obs = Observation()
+    devices = lab.devices("SM8650")
+    lab.vf.set_faults(devices[0].serial, slow_bytes_per_s=300_000)
+    lab.test_file(["Once upon a time"])
+    proc = lab.pytest()
+    outcomes = _kept(obs, lab, ["test_generate[SM8650-Once upon a time]"])
+    obs.check("completes and passes", proc.returncode == 0 and set(outcomes.values()) == {"passed"})
+    obs.check("not quarantined for slowness", lab.states()[devices[0].serial] == DeviceState.AVAILABLE)
+    obs.observed = f"every stream at 300 kB/s: {', '.join(sorted(set(outcomes.values())))}, device " \
+                   f"{lab.states()[devices[0].serial]}"
+    return obs
+
+
+@scenario("storage-full", "storage full", "SEND fails past 50 kB on both devices",
+          "infra error naming device and bytes; nothing half-deployed recorded")
 def storage_full(lab: Lab) -> Observation:
     def inject(devices):
         lab.vf.set_faults(devices[0].serial, disk_full_after_bytes=50_000)
@@ -292,20 +331,8 @@ def storage_full(lab: Lab) -> Observation:
     return obs
 
 
-def link_slowed(lab: Lab) -> Observation:
-    obs = Observation()
-    devices = lab.devices("SM8650")
-    lab.vf.set_faults(devices[0].serial, slow_bytes_per_s=300_000)
-    lab.test_file(["Once upon a time"])
-    proc = lab.pytest()
-    outcomes = _kept(obs, lab, ["test_generate[SM8650-Once upon a time]"])
-    obs.check("completes and passes", proc.returncode == 0 and set(outcomes.values()) == {"passed"})
-    obs.check("not quarantined for slowness", lab.states()[devices[0].serial] == DeviceState.AVAILABLE)
-    obs.observed = f"every stream at 300 kB/s: {', '.join(sorted(set(outcomes.values())))}, device " \
-                   f"{lab.states()[devices[0].serial]}"
-    return obs
-
-
+@scenario("runner-hangs", "runner hangs", "hang fault on the runner command, 5 s run timeout",
+          "killed at the timeout, re-run elsewhere, device usable")
 def runner_hangs(lab: Lab) -> Observation:
     def inject(devices):
         hung, good = devices
@@ -364,6 +391,8 @@ def _stand_in(lab: Lab, behaviour: str, expect_outcome: str, needle: str) -> Obs
     return obs
 
 
+@scenario("runner-crashes", "runner crashes", "stand-in runner exits 139 with a QNN error",
+          "failure with exit code and stderr tail")
 def runner_crashes(lab: Lab) -> Observation:
     obs = _stand_in(lab, "crash", "failed", "exited 139")
     [record] = lab.records() or [{}]
@@ -372,10 +401,14 @@ def runner_crashes(lab: Lab) -> Observation:
     return obs
 
 
+@scenario("runner-no-output", "runner exits 0, no output", "stand-in runner writes nothing",
+          "error naming what is missing")
 def runner_no_output(lab: Lab) -> Observation:
     return _stand_in(lab, "no-output", "error", "exit")
 
 
+@scenario("runner-garbage", "runner writes garbage", "stand-in runner writes bytes that are not its output",
+          "error, never a pass")
 def runner_garbage(lab: Lab) -> Observation:
     return _stand_in(lab, "garbage", "error", "garbage")
 
@@ -396,6 +429,8 @@ def _refused_before_lease(lab: Lab, damage: Callable[[Path], str]) -> Observatio
     return obs
 
 
+@scenario("corrupted-pte", "corrupted .pte, same size", "one byte flipped in a copy of the bundle",
+          "refused before any lease, naming file and digests")
 def corrupted_pte(lab: Lab) -> Observation:
     def damage(copy: Path) -> str:
         pte = copy / "kv_llama_xnnpack.pte"
@@ -406,6 +441,8 @@ def corrupted_pte(lab: Lab) -> Observation:
     return _refused_before_lease(lab, damage)
 
 
+@scenario("truncated-pte", "truncated .pte", "the .pte cut to 1000 bytes",
+          "refused before any lease, naming the file")
 def truncated_pte(lab: Lab) -> Observation:
     def damage(copy: Path) -> str:
         pte = copy / "kv_llama_xnnpack.pte"
@@ -414,6 +451,8 @@ def truncated_pte(lab: Lab) -> Observation:
     return _refused_before_lease(lab, damage)
 
 
+@scenario("path-outside", "path outside the bundle", "a manifest entry ../../etc/passwd",
+          "refused before any lease")
 def path_outside_bundle(lab: Lab) -> Observation:
     def damage(copy: Path) -> str:
         manifest = copy / "manifest.json"
@@ -428,6 +467,9 @@ def path_outside_bundle(lab: Lab) -> Observation:
     return _refused_before_lease(lab, damage)
 
 
+@scenario("adb-server-killed", "adb server killed mid-run",
+          "SIGKILL of the farm's adb server when a runner starts",
+          "server restarted or a clear server error; no device quarantined")
 def adb_server_killed(lab: Lab) -> Observation:
     obs = Observation()
     devices = lab.devices("SM8650", "SM8650")
@@ -493,6 +535,8 @@ def _start_holder(lab: Lab, ttl_s: float) -> tuple[subprocess.Popen, str]:
     return holder, holder.stdout.readline().strip()
 
 
+@scenario("holder-killed", "lease holder SIGKILLed", "SIGKILL of a process holding a 3 s lease",
+          "device back after the TTL")
 def holder_killed(lab: Lab) -> Observation:
     obs = Observation()
     lab.devices("SM8650", lease_ttl_s=3)
@@ -512,6 +556,8 @@ def holder_killed(lab: Lab) -> Observation:
     return obs
 
 
+@scenario("holder-stopped", "lease holder stopped past its TTL", "SIGSTOP, another run leases, SIGCONT",
+          "the stopped holder never acts again")
 def holder_stopped(lab: Lab) -> Observation:
     obs = Observation()
     devices = lab.devices("SM8650", lease_ttl_s=2)
@@ -539,6 +585,8 @@ def holder_stopped(lab: Lab) -> Observation:
     return obs
 
 
+@scenario("pool-down", "pool database down 20 s", "PostgreSQL cut off by a proxy for 20 s mid-run",
+          "run continues or stops clearly; every result kept; no double lease")
 def pool_database_down(lab: Lab) -> Observation:
     import psycopg
 
@@ -589,6 +637,8 @@ def pool_database_down(lab: Lab) -> Observation:
     return obs
 
 
+@scenario("sigint", "SIGINT of a run", "SIGINT while a runner is working",
+          "leases released, runners killed, partial report, distinct exit code")
 def sigint(lab: Lab) -> Observation:
     obs = Observation()
     lab.devices("SM8650")
@@ -616,6 +666,8 @@ def sigint(lab: Lab) -> Observation:
     return obs
 
 
+@scenario("run-killed", "SIGKILL of a run", "SIGKILL of pytest while a runner is working",
+          "finished results kept; `farm report recover` writes a partial report")
 def run_killed(lab: Lab) -> Observation:
     """SIGKILL of the pytest process: no report can be written by it, but the journal has every
     finished test, and `farm report recover` turns it into a partial report."""
@@ -644,6 +696,9 @@ def run_killed(lab: Lab) -> Observation:
     return obs
 
 
+@scenario("bad-input", "malformed config, cases, thresholds; hostile prompt",
+          "bad bytes, a bad case name, a NaN minimum; shell metacharacters in a prompt",
+          "one clear line naming the file; nothing runs; the prompt byte-exact")
 def bad_input(lab: Lab) -> Observation:
     """Malformed config, case file and thresholds, and a hostile prompt: one line each, nothing
     leased; the hostile prompt reaches the runner byte for byte."""
@@ -683,51 +738,7 @@ def bad_input(lab: Lab) -> Observation:
     return obs
 
 
-SCENARIOS = [
-    Scenario("killed-during-deploy", "device killed during deploy", "SIGKILL of the device process "
-             "when a push starts", "infra error, re-run on another device, device offline", killed_during_deploy),
-    Scenario("killed-during-run", "device killed during a run", "SIGKILL of the device process when "
-             "the runner starts", "infra error, re-run on another device, device offline", killed_during_run),
-    Scenario("unplugged", "device unplugged", "`adb disconnect` when the runner starts",
-             "infra error, re-run on another device, device offline", unplugged_during_run),
-    Scenario("slow-link", "link slowed", "every stream throttled to 300 kB/s",
-             "completes; not quarantined", link_slowed),
-    Scenario("storage-full", "storage full", "SEND fails past 50 kB on both devices",
-             "infra error naming device and bytes; nothing half-deployed recorded", storage_full),
-    Scenario("runner-hangs", "runner hangs", "hang fault on the runner command, 5 s run timeout",
-             "killed at the timeout, re-run elsewhere, device usable", runner_hangs),
-    Scenario("runner-crashes", "runner crashes", "stand-in runner exits 139 with a QNN error",
-             "failure with exit code and stderr tail", runner_crashes),
-    Scenario("runner-no-output", "runner exits 0, no output", "stand-in runner writes nothing",
-             "error naming what is missing", runner_no_output),
-    Scenario("runner-garbage", "runner writes garbage", "stand-in runner writes bytes that are not "
-             "its output", "error, never a pass", runner_garbage),
-    Scenario("corrupted-pte", "corrupted .pte, same size", "one byte flipped in a copy of the bundle",
-             "refused before any lease, naming file and digests", corrupted_pte),
-    Scenario("truncated-pte", "truncated .pte", "the .pte cut to 1000 bytes",
-             "refused before any lease, naming the file", truncated_pte),
-    Scenario("path-outside", "path outside the bundle", "a manifest entry ../../etc/passwd",
-             "refused before any lease", path_outside_bundle),
-    Scenario("adb-server-killed", "adb server killed mid-run", "SIGKILL of the farm's adb server when "
-             "a runner starts", "server restarted or a clear server error; no device quarantined",
-             adb_server_killed),
-    Scenario("holder-killed", "lease holder SIGKILLed", "SIGKILL of a process holding a 3 s lease",
-             "device back after the TTL", holder_killed),
-    Scenario("holder-stopped", "lease holder stopped past its TTL", "SIGSTOP, another run leases, "
-             "SIGCONT", "the stopped holder never acts again", holder_stopped),
-    Scenario("pool-down", "pool database down 20 s", "PostgreSQL cut off by a proxy for 20 s mid-run",
-             "run continues or stops clearly; every result kept; no double lease", pool_database_down),
-    Scenario("sigint", "SIGINT of a run", "SIGINT while a runner is working",
-             "leases released, runners killed, partial report, distinct exit code", sigint),
-    Scenario("run-killed", "SIGKILL of a run", "SIGKILL of pytest while a runner is working",
-             "finished results kept; `farm report recover` writes a partial report", run_killed),
-    Scenario("bad-input", "malformed config, cases, thresholds; hostile prompt", "bad bytes, a bad "
-             "case name, a NaN minimum; shell metacharacters in a prompt",
-             "one clear line naming the file; nothing runs; the prompt byte-exact", bad_input),
-]
-
-
-def scenario(name: str) -> Scenario:
+def _named(name: str) -> Scenario:
     for s in SCENARIOS:
         if s.name == name:
             return s
@@ -735,7 +746,7 @@ def scenario(name: str) -> Scenario:
 
 
 def run_scenario(name: str, workdir: Path, manifest: Path) -> Observation:
-    s = scenario(name)
+    s = _named(name)
     with Lab(workdir, manifest) as lab:
         try:
             return s.run(lab)
