@@ -12,59 +12,55 @@ runner will (the suites build prompts of a given token length with it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 
 from farm.errors import UsageError
 from farm.model.tokenizer import Tokenizer
 
 
-def _llama2(prompt: str, system: str) -> str:
-    return prompt
+@dataclass(frozen=True)
+class ChatTemplate:
+    """One family's template, as upstream writes it: ``turns`` with the user's prompt at ``{prompt}``
+    and the system turn at ``{system}`` (``system_turn`` with the system prompt at its ``{system}``;
+    nothing when the system prompt is empty, or where the family has no system turn). ``end_marker``:
+    the family's end-of-turn marker, added to the tokenizer's EOS (None: the EOS alone)."""
+
+    turns: str
+    system_turn: str = ""
+    end_marker: str | None = None
+
+    def format(self, prompt: str, system: str) -> str:
+        # str.format fills the template's own fields: braces in the prompts are text, never fields.
+        system_turn = self.system_turn.format(system=system) if system else ""
+        return self.turns.format(prompt=prompt, system=system_turn)
 
 
-def _llama3(prompt: str, system: str) -> str:
-    head = f"<|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>" if system else ""
-    return (f"{head}<|start_header_id|>user<|end_header_id|>\n\n{prompt}"
-            "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+_AS_IT_IS = ChatTemplate("{prompt}")  # llama2's, and qwen2_5's: upstream sends the prompt as it is
+_CHATML_TURN = "<|im_start|>user\n{prompt}<|im_end|>\n"  # qwen3's and the smollms'
+_CHATML_SYSTEM = "<|im_start|>system\n{system}<|im_end|>\n"
 
-
-def _gemma3(prompt: str, system: str) -> str:
+# --decoder_model_version -> its template: qnn_llama_runner.cpp get_formatted_prompt (the turns) and
+# runner/runner.cpp Runner::load (the end markers), at v1.0.1.
+FAMILIES: dict[str, ChatTemplate] = {
+    "llama2": _AS_IT_IS,
+    "llama3": ChatTemplate(
+        "{system}<|start_header_id|>user<|end_header_id|>\n\n{prompt}<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        system_turn="<|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>",
+        end_marker="<|eot_id|>"),
     # Upstream puts the system prompt after the model's turn marker; kept as it is.
-    tail = f"{system}<end_of_turn>\n" if system else ""
-    return f"<start_of_turn>user\n{prompt}<end_of_turn>\n<start_of_turn>model\n{tail}"
-
-
-def _phi4(prompt: str, system: str) -> str:
-    head = f"<|system|>{system}<|end|>" if system else ""
-    return f"{head}<|user|>{prompt}<|end|><|assistant|>"
-
-
-def _qwen3(prompt: str, system: str) -> str:
-    sys_turn = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
-    return f"<|im_start|>user\n{prompt}<|im_end|>\n{sys_turn}<|im_start|>assistant"
-
-
-def _smollm2(prompt: str, system: str) -> str:
-    head = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
-    return f"{head}<|im_start|>user\n{prompt}<|im_end|>\n\n"
-
-
-def _smollm3(prompt: str, system: str) -> str:
-    head = f"<|im_start|>system\n{system}\n\n" if system else ""
-    return f"{head}<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-
-
-# --decoder_model_version -> (formatter, the family's end-of-turn marker added to the tokenizer's EOS):
-# qnn_llama_runner.cpp get_formatted_prompt and runner/runner.cpp Runner::load, at v1.0.1.
-FAMILIES: dict[str, tuple[Callable[[str, str], str], str | None]] = {
-    "llama2": (_llama2, None),
-    "llama3": (_llama3, "<|eot_id|>"),
-    "gemma3": (_gemma3, "<end_of_turn>"),
-    "phi_4_mini": (_phi4, "<|end|>"),
-    "qwen2_5": (_llama2, None),  # upstream sends a qwen2_5 prompt as it is
-    "qwen3": (_qwen3, "<|im_end|>"),
-    "smollm2_135m": (_smollm2, "<|im_end|>"),
-    "smollm3": (_smollm3, "<|im_end|>"),
+    "gemma3": ChatTemplate("<start_of_turn>user\n{prompt}<end_of_turn>\n<start_of_turn>model\n{system}",
+                           system_turn="{system}<end_of_turn>\n", end_marker="<end_of_turn>"),
+    "phi_4_mini": ChatTemplate("{system}<|user|>{prompt}<|end|><|assistant|>",
+                               system_turn="<|system|>{system}<|end|>", end_marker="<|end|>"),
+    "qwen2_5": _AS_IT_IS,
+    # The system turn after the user's, as upstream has it.
+    "qwen3": ChatTemplate(_CHATML_TURN + "{system}<|im_start|>assistant",
+                          system_turn=_CHATML_SYSTEM, end_marker="<|im_end|>"),
+    "smollm2_135m": ChatTemplate("{system}" + _CHATML_TURN + "\n", system_turn=_CHATML_SYSTEM,
+                                 end_marker="<|im_end|>"),
+    "smollm3": ChatTemplate("{system}" + _CHATML_TURN + "<|im_start|>assistant\n",
+                            system_turn="<|im_start|>system\n{system}\n\n", end_marker="<|im_end|>"),
 }
 
 
@@ -77,7 +73,7 @@ def check_version(version: str) -> None:
 def format_prompt(prompt: str, system_prompt: str, version: str) -> str:
     """The string upstream encodes and echoes for one prompt (every turn gets the whole template)."""
     check_version(version)
-    return FAMILIES[version][0](prompt, system_prompt)
+    return FAMILIES[version].format(prompt, system_prompt)
 
 
 class PromptTemplate:
@@ -88,7 +84,7 @@ class PromptTemplate:
         self.tok = tokenizer
         self.version = version
         self.eos_ids = {tokenizer.eos_id}
-        marker = FAMILIES[version][1]
+        marker = FAMILIES[version].end_marker
         if marker is not None:
             # As upstream: the first id the marker encodes to (its id, where the tokenizer has it).
             self.eos_ids.add(self.encode(marker, bos=False)[0])

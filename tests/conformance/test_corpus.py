@@ -202,7 +202,7 @@ def test_host_formats_each_familys_echo(case):
 def test_host_end_markers_are_upstreams(family):
     from farm.model.template import FAMILIES as HOST_FAMILIES
 
-    assert (HOST_FAMILIES[family][1] or "") == EOS_MARKERS[family]
+    assert (HOST_FAMILIES[family].end_marker or "") == EOS_MARKERS[family]
 
 
 def test_host_observer_keys_are_upstreams():
