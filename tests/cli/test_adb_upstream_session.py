@@ -122,11 +122,13 @@ def test_adb_reboot_keeps_storage_and_ends_the_previous_boot(phone, tmp_path):
     vf, dev = phone
     (tmp_path / "keep").write_bytes(b"kept across reboot")
     adb(vf, dev.serial, "push", str(tmp_path / "keep"), "/data/local/tmp/keep")
-    adb(vf, dev.serial, "shell", "setsid sleep 977 </dev/null >/dev/null 2>&1 &")
-    deadline = time.monotonic() + 10  # forked, then exec'd a moment later: see it run before the reboot
-    while b"sleep 977" not in adb(vf, dev.serial, "shell", "ps -A -o args").stdout:
-        assert time.monotonic() < deadline, "the background sleep never ran"
-        time.sleep(0.05)
+    # The command returns only once the sleep is in a session of its own (the flag is touched after
+    # setsid): the end of the shell command kills its process group, and a child still in it would be
+    # killed with it, before the reboot the test is about.
+    adb(vf, dev.serial, "shell",
+        "setsid sh -c 'touch /data/local/tmp/started; exec sleep 977' </dev/null >/dev/null 2>&1 & "
+        "while [ ! -e /data/local/tmp/started ]; do sleep 0.05; done")
+    assert b"sleep 977" in adb(vf, dev.serial, "shell", "ps -A -o args").stdout
     adb(vf, dev.serial, "reboot")
     assert adb(vf, dev.serial, "get-state", check=False).stdout != b"device\n"  # it went away
     adb(vf, dev.serial, "wait-for-device", timeout=60)
