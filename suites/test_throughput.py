@@ -150,7 +150,7 @@ def ab_on_device(llm, farm, thresholds: Thresholds, record_measurement, a: Varia
     raw with their conditions, and the interval in the test's properties."""
     device = llm.device
     _ready_to_measure(llm, farm)
-    seed = random.randrange(2**32)
+    seed = random.randrange(2**32) if farm.options.ab_seed is None else farm.options.ab_seed
     got = sample_blocks([device.adb], a, b, thresholds.ab, seed=seed, run_timeout_s=llm.timeout_s,
                         warmup=thresholds.warmup, **({} if decided is None else {"decided": decided}))
     for v in (a, b):
