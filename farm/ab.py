@@ -28,7 +28,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
 from farm.bundle.manifest import Bundle
-from farm.device.conditions import forced_idle, pinned_governors, read_conditions
+from farm.device.conditions import Conditions, forced_idle, pinned_governors, read_conditions
 from farm.device.discovery import find_device
 from farm.errors import UsageError
 from farm.execute.chunking import ChunkPolicy
@@ -54,20 +54,34 @@ class Variant:
         return f"{self.label}: {self.bundle.name} {r.mode}/{r.updater} seq_len {r.seq_len}{extra}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sample:
-    """One measured run and the conditions it ran in."""
+    """One measured run and the conditions it ran in: the device's readings before and after it."""
 
     serial: str
     variant: str
     block: int
     tok_s: float
-    battery_level: int | None = None
-    temp_before_c: float | None = None
-    temp_after_c: float | None = None
-    thermal_status: int | None = None
-    throttled: bool = False
-    conditions: dict = field(default_factory=dict)  # before/after readings in full, as the results keep them
+    before: Conditions
+    after: Conditions
+
+    @property
+    def throttled(self) -> bool:
+        """Whether the device was throttling before or after the run (where it answered)."""
+        return self.before.throttling or self.after.throttling
+
+    @property
+    def conditions(self) -> dict:
+        """The readings in full, as the results keep them."""
+        return {"before": self.before.to_json(), "after": self.after.to_json(), "throttled": self.throttled}
+
+    def to_json(self) -> dict:
+        """The run as ``farm ab --json`` writes it: the readings read most (the battery level before,
+        its temperature before and after, the thermal status after), then all of them."""
+        return {"serial": self.serial, "variant": self.variant, "block": self.block, "tok_s": self.tok_s,
+                "battery_level": self.before.battery_level, "temp_before_c": self.before.battery_temp_c,
+                "temp_after_c": self.after.battery_temp_c, "thermal_status": self.after.thermal_status,
+                "throttled": self.throttled, "conditions": self.conditions}
 
 
 @dataclass
@@ -89,7 +103,7 @@ class ABRun:
                 "timing": self.timing, "simulated": self.timing == Timing.SIMULATED,
                 "config": asdict(self.config), "result": self.result.to_json(),
                 "device_s": round(self.device_s, 3), "stopped": self.stopped, "governor_pinning": self.pinning,
-                "samples": [asdict(s) for s in self.samples]}
+                "samples": [s.to_json() for s in self.samples]}
 
 
 def _measure(device, variant: Variant, block: int, timeout: float) -> tuple[Sample, float]:
@@ -101,10 +115,7 @@ def _measure(device, variant: Variant, block: int, timeout: float) -> tuple[Samp
         raise UsageError(f"{device.serial}: variant {variant.label} wrote no usable inference_speed.txt "
                          f"({result.tokens_per_s!r})")
     after = read_conditions(device)
-    throttled = before.throttling or after.throttling
-    return Sample(device.serial, variant.label, block, float(result.tokens_per_s), before.battery_level,
-                  before.battery_temp_c, after.battery_temp_c, after.thermal_status, throttled,
-                  {"before": before.to_json(), "after": after.to_json(), "throttled": throttled}), spent
+    return Sample(device.serial, variant.label, block, float(result.tokens_per_s), before, after), spent
 
 
 @dataclass

@@ -183,7 +183,7 @@ def _qualify(out, virtual_socs, manifest, socs, workers, priority, retries, conf
     try:
         written = write_outputs(run, baseline, report_dir, ("markdown", "html"), min_effect=effect,
                                 inconclusive_fails=inconclusive == "fail",
-                                history=history_of(run, config_path=config_path))
+                                history=history_of(run, config_path=config_path), evidence_dir=report_dir)
     except OSError as e:  # the JUnit files and results.json are written; the pages could not be
         click.echo(f"farm qualify: cannot write report.html/report.md to {report_dir}: "
                    f"{e.strerror or e} (the run's JUnit files and results.json are there)", err=True)

@@ -156,9 +156,11 @@ class Written:
 
 def write_outputs(run: QualificationResults, baseline: QualificationResults | None, out_dir: Path, formats: tuple[str, ...],
                   *, min_effect: float = 0.05, inconclusive_fails: bool = False,
-                  history: tuple[str, list] | None = None) -> Written:
+                  history: tuple[str, list] | None = None, evidence_dir: Path | None = None) -> Written:
     """Evaluate the gate and write each format into ``out_dir``, every file atomically (a temp file
-    renamed into place: an interrupted write leaves the old file or none, never half of one)."""
+    renamed into place: an interrupted write leaves the old file or none, never half of one).
+    ``evidence_dir``: the run's report directory, which its records' evidence paths are relative to
+    (the page folds in excerpts of failed tests' evidence read there; None: linked only)."""
     from farm.report.markdown import render_markdown
     from farm.report.qualification import qualification_report
     from farm.results.gate import GateConfig, evaluate
@@ -177,7 +179,7 @@ def write_outputs(run: QualificationResults, baseline: QualificationResults | No
         elif fmt == "html":
             from farm.report.html import render_html
 
-            text = render_html(q)
+            text = render_html(q, evidence_dir)
         else:
             from farm.report.benchmark_v3 import records
 
@@ -257,8 +259,11 @@ def render(run: str, compare: str | None, out_dir: str | None, formats: tuple[st
     else:
         out = Path(out_dir)
     order = formats or ("markdown", "html")
+    path = Path(run)
+    run_dir = path if path.is_dir() else path.parent if path.is_file() else None
     written = write_outputs(results, baseline, out, tuple(sorted(set(order), key=lambda f: f == "html")),
-                            min_effect=parse_percent(min_effect), inconclusive_fails=inconclusive == "fail")
+                            min_effect=parse_percent(min_effect), inconclusive_fails=inconclusive == "fail",
+                            evidence_dir=run_dir)
     for fmt, path in written.paths.items():
         click.echo(f"{fmt}: {path}" if fmt != "html" else str(path))
     if written.exit_code:
@@ -384,7 +389,7 @@ def merge(sources: tuple[str, ...], group_id: str | None, out_dir: str | None, b
         history = history_of(merged.run, config_path=config_path) if stored and store_url is None else None
         written = write_outputs(merged.run, baseline, out, ("markdown", "pytorch-benchmark-v3", "html"),
                                 min_effect=effect, inconclusive_fails=inconclusive == "fail",
-                                history=history)
+                                history=history, evidence_dir=out)
     group = meta["group"]
     for s in group["shards"]:
         click.echo(f"shard {s['shard']}/{group['of']}: run {s['run_id']} from {s['source']}: "

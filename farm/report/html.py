@@ -4,11 +4,17 @@ Self-contained means nothing is fetched at view time: the CSS is inline, the plo
 (farm.report.plots), there is no script, no font, no image URL. Everything from a run is data and is escaped
 with ``html.escape`` (prompts and runner messages contain ``<``, quotes, ``$(reboot)``...). Long
 details (tracebacks, both samples of a point) are in ``<details>`` elements, which need no script.
+
+Given the report directory the page is written in, each failed or errored test shows its device
+evidence folded in: the logcat lines around the crash, a tombstone's summary, the runner's stderr tail,
+each read from the directory when the page is rendered (bounded, undecodable bytes replaced, escaped)
+and linked to the whole file. Without it the evidence files are only linked.
 """
 
 from __future__ import annotations
 
 import html
+import os
 from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import quote
@@ -17,14 +23,18 @@ from farm.report import plots
 from farm.report.qualification import (
     QualificationReport,
     cell_text,
+    document_title,
     error_label,
+    evidence_excerpts,
     facts,
     fmt_p,
     fmt_pct,
     gate_line,
     outcome_label,
+    safe_evidence_path,
 )
 from farm.results.gate import GateVerdict, PointResult
+from farm.results.records import TestRecord
 from farm.vocab import Outcome
 
 __all__ = ["render_html"]
@@ -52,6 +62,7 @@ code, .mono { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-siz
 pre { white-space: pre-wrap; word-break: break-word; background: #fafafa; padding: 6px; margin: 4px 0; }
 .plots svg { max-width: 100%; height: auto; display: block; margin: 8px 0; }
 .note { color: #555; }
+details.excerpt { margin: 4px 0; } details.excerpt pre { max-height: 32em; overflow: auto; }
 """
 
 EXIT_CLASS = {0: "v-pass", 1: "v-fail", 4: "v-regression", 2: "v-bad", 3: "v-infra", 130: "v-interrupted"}
@@ -126,10 +137,14 @@ def _throughput(q: QualificationReport) -> str:
 
 
 def _plots(q: QualificationReport) -> str:
+    """The plots that say more than the table (each plot function leaves itself out otherwise)."""
     drawn = [plots.tok_s_by_soc(q.throughput), plots.tok_s_vs_seq_len(q.throughput),
              plots.baseline_vs_now(q.throughput)]
     svgs = [s for s in drawn if s]
-    return f'<div class="plots">{"".join(svgs)}</div>' if svgs else '<p class="note">no plots: nothing measured</p>'
+    if svgs:
+        return f'<div class="plots">{"".join(svgs)}</div>'
+    return ('<p class="note">no plots: a single point, one seq_len per line and no baseline leave a plot '
+            'nothing the table does not say</p>')
 
 
 def _trends(q: QualificationReport) -> str:
@@ -146,28 +161,45 @@ def _evidence(paths: list[str]) -> str:
     """Links to a test's device evidence (logcat, tombstones, ...), relative to the report directory
     the page is written in. Only plain relative paths are linked (a record is data: no scheme, no
     absolute path, no ``..``); the rest are shown as text."""
-    links = []
-    for path in paths:
-        parts = PurePosixPath(path).parts
-        if path.startswith("/") or ".." in parts or "\\" in path or not parts:
-            links.append(f'<span class="mono">{e(path)}</span>')
-        else:
-            links.append(f'<a href="{e(quote(path, safe="/"))}">{e(parts[-1])}</a>')
+    links = [_link(path) for path in paths]
     return f'<div class="evidence">device evidence: {", ".join(links)}</div>' if links else ""
 
 
-def _problems(q: QualificationReport) -> str:
+def _link(path: str) -> str:
+    """A link to one evidence file when its path is safe (``safe_evidence_path``), else its path as text."""
+    if not safe_evidence_path(path):
+        return f'<span class="mono">{e(path)}</span>'
+    return f'<a href="{e(quote(path, safe="/"))}">{e(PurePosixPath(path).name)}</a>'
+
+
+def _excerpts(record: TestRecord, report_dir: str | os.PathLike | None) -> str:
+    """``record``'s evidence, read from ``report_dir`` and folded: a ``<details>`` per excerpt, each
+    with a link to its whole file; a note naming the files that are not there."""
+    if report_dir is None or not record.evidence:
+        return ""
+    found, missing = evidence_excerpts(record, report_dir)
+    out = [f'<details class="excerpt"><summary>{e(x.title)}</summary><pre>{e(x.text)}</pre>'
+           f"<div>whole file: {_link(x.path)}</div></details>" for x in found]
+    if missing:
+        out.append(f'<p class="note">not in the report directory: '
+                   f'{e(", ".join(PurePosixPath(p).name for p in missing))}</p>')
+    return "".join(out)
+
+
+def _problems(q: QualificationReport, report_dir: str | os.PathLike | None = None) -> str:
     out = []
     if q.failures:
         rows = [[td(r.soc or "-"), td(r.serial or "-"), f'<td class="mono">{e(r.name)}</td>',
-                 f"<td>{e(r.message)}{_details('details', r.details)}{_evidence(r.evidence)}</td>"]
+                 f"<td>{e(r.message)}{_details('details', r.details)}{_evidence(r.evidence)}"
+                 f"{_excerpts(r, report_dir)}</td>"]
                 for r in q.failures]
         out.append("<h2>Failures (the code under test)</h2>"
                    + _table(["SoC", "device", "test", "message"], rows, raw=True))
     if q.errors:
         rows = [[td(r.soc or "-"), td(r.serial or "-"), f'<td class="mono">{e(r.name)}</td>',
                  td(error_label(r), "error"), td(len(r.attempts) + 1, "num"),
-                 f"<td>{e(r.message)}{_details('details', r.details)}{_evidence(r.evidence)}</td>"]
+                 f"<td>{e(r.message)}{_details('details', r.details)}{_evidence(r.evidence)}"
+                 f"{_excerpts(r, report_dir)}</td>"]
                 for r in q.errors]
         out.append("<h2>Errors (no verdict: not failures of the code under test)</h2>"
                    + _table(["SoC", "device", "test", "kind", "attempts", "message"], rows, raw=True))
@@ -210,10 +242,13 @@ def _units(q: QualificationReport) -> str:
     return "".join(out)
 
 
-def render_html(q: QualificationReport) -> str:
+def render_html(q: QualificationReport, report_dir: str | os.PathLike | None = None) -> str:
+    """The page of ``q``. ``report_dir``: the directory the page is written in (its records' evidence
+    paths are relative to it), read for the excerpts of failed and errored tests' evidence; None:
+    the evidence is linked, not excerpted."""
     title, why = q.headline
     m = q.meta
-    bundle = m.get("bundle_name", "?")
+    bundle = m.get("bundle_name")
     partial = " (partial)" if q.interrupted else ""
     parts = [
         "<!DOCTYPE html>",
@@ -222,9 +257,9 @@ def render_html(q: QualificationReport) -> str:
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
         "style-src 'unsafe-inline'; img-src data:\">",
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{e(f'QualificationReport of {bundle}: {title}{partial}')}</title>",
+        f"<title>{e(document_title(bundle, title + partial))}</title>",
         f"<style>{CSS}</style></head><body>",
-        f"<h1>QualificationReport of {e(bundle)}</h1>",
+        f"<h1>{e(document_title(bundle))}</h1>",
         f'<div class="banner {EXIT_CLASS[int(q.exit_code)]}" id="verdict"><b>{e(title + partial)}</b>'
         f"{e(why)} (exit code {int(q.exit_code)})</div>",
         '<dl class="facts">' + "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in facts(q))
@@ -243,7 +278,7 @@ def render_html(q: QualificationReport) -> str:
             cells.append(td(cell_text(c), cls if c else ""))
         matrix.append([td(soc), *cells])
     parts.append(_table(["SoC", *q.suites], matrix, raw=True))
-    parts.append(_problems(q))
+    parts.append(_problems(q, report_dir))
     parts.append("<h2>Throughput</h2>")
     if q.throughput:
         if q.gate.verdict == GateVerdict.NO_BASELINE:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from farm.report.qualification import (QualificationReport, cell_text, error_label, facts, fmt_p,
-                                        fmt_pct, gate_line, outcome_label)
+from farm.report.qualification import (QualificationReport, cell_text, document_title, error_label, facts,
+                                        fmt_p, fmt_pct, gate_line, outcome_label)
 from farm.results.records import TestRecord, verdict
 from farm.vocab import Outcome, Verdict
 
@@ -27,10 +27,17 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return lines + [""]
 
 
+def _evidence_lines(records: list[TestRecord]) -> list[str]:
+    """One line per test with device evidence: where its files are, relative to the report directory
+    (report.html shows their excerpts)."""
+    lines = [f"- evidence of {_md(r.name)}: {_md(', '.join(r.evidence), 600)}" for r in records if r.evidence]
+    return lines + [""] if lines else []
+
+
 def render_markdown(q: QualificationReport) -> str:
     title, why = q.headline
     partial = " (partial)" if q.interrupted else ""
-    lines = [f"# QualificationReport of {_md(q.meta.get('bundle_name', '?'))}: {title}{partial}", "",
+    lines = [f"# {_md(document_title(q.meta.get('bundle_name'), title + partial))}", "",
              f"**{why}.** Exit code {int(q.exit_code)}.", ""]
     lines += [f"- {label}: {_md(value)}" for label, value in facts(q)]
     lines += [f"- regression gate: {_md(gate_line(q))}"]
@@ -43,11 +50,13 @@ def render_markdown(q: QualificationReport) -> str:
         lines += ["## Failures (the code under test)", ""]
         lines += _table(["SoC", "device", "test", "message"],
                         [[r.soc or "-", r.serial or "-", r.name, r.message] for r in q.failures])
+        lines += _evidence_lines(q.failures)
     if q.errors:
         lines += ["## Errors (no verdict: not failures of the code under test)", ""]
         lines += _table(["SoC", "device", "test", "kind", "attempts", "message"],
                         [[r.soc or "-", r.serial or "-", r.name, error_label(r), len(r.attempts) + 1,
                           r.message] for r in q.errors])
+        lines += _evidence_lines(q.errors)
     if q.throughput:
         lines += ["## Throughput", ""]
         lines += _table(["SoC", "mode", "seq_len", "updater", "n", "median", "min-max", "threshold",
@@ -107,7 +116,7 @@ def summary_markdown(records: list[TestRecord], meta: dict[str, Any]) -> str:
     title = {Verdict.PASS: "PASS", Verdict.FAIL: "FAIL", Verdict.INFRA_ERROR: "INFRA ERROR",
              Verdict.BAD_INPUT: "BAD INPUT"}[v]
     partial = " (PARTIAL: the run was interrupted)" if meta.get("partial") else ""
-    lines = [f"# QualificationReport: {title}{partial}", "",
+    lines = [f"# {_md(document_title(meta.get('bundle_name'), title + partial))}", "",
              f"- bundle: `{meta.get('bundle_name', '?')}` (sha256 `{meta.get('bundle_digest', '?')[:16]}`,"
              f" dialect {meta.get('runner_dialect', '?')})",
              f"- run: `{meta.get('run_id', '?')}` at {meta.get('started_at', '?')}, "

@@ -1,7 +1,14 @@
 """The report's plots, drawn by matplotlib (Agg) as SVG text to inline in the HTML page.
 
 Each plot is a function of the gate's points returning an ``<svg>`` element (no XML prolog), or None
-when there is nothing to draw. Text stays text (``svg.fonttype = none``: no glyph paths, the page's
+when it would carry no information the throughput table does not already give. The rule, per plot:
+
+- ``tok_s_by_soc``: drawn for two points or more (a single bar is the table's one row again);
+- ``tok_s_vs_seq_len``: drawn when some line of it (one SoC, mode and updater) has two seq_lens or
+  more (with one seq_len per line the plot is a column of dots, no line);
+- ``baseline_vs_now``: drawn when some point has a baseline.
+
+Text stays text (``svg.fonttype = none``: no glyph paths, the page's
 own sans-serif), and every SVG gets its own id salt: several inline SVGs in one page must not share
 element ids (clip paths would cross-reference each other's).
 """
@@ -74,8 +81,9 @@ def _color(updater: str, i: int) -> str:
 
 @_drawn
 def tok_s_by_soc(points: list[PointResult]) -> str | None:
-    """Median tok/s per SoC (and mode/seq_len) and updater, bars with the min-max range."""
-    if not points:
+    """Median tok/s per SoC (and mode/seq_len) and updater, bars with the min-max range; None for fewer
+    than two points (one bar says what the table's one row says)."""
+    if len(points) < 2:
         return None
     plt = _pyplot()
     groups = sorted({(p.key.soc, p.key.mode, p.key.seq_len) for p in points})
@@ -104,13 +112,14 @@ def tok_s_by_soc(points: list[PointResult]) -> str | None:
 
 @_drawn
 def tok_s_vs_seq_len(points: list[PointResult]) -> str | None:
-    """Median tok/s against seq_len: one line per SoC, mode and updater."""
-    if not points:
-        return None
-    plt = _pyplot()
+    """Median tok/s against seq_len: one line per SoC, mode and updater; None unless some line has two
+    seq_lens or more (points at one seq_len each are no line: nothing against seq_len to see)."""
     lines: dict[tuple[str, str, str], list[PointResult]] = defaultdict(list)
     for p in points:
         lines[(p.key.soc, p.key.mode, p.key.updater)].append(p)
+    if not any(len({p.key.seq_len for p in pts}) > 1 for pts in lines.values()):
+        return None
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.0, 3.4))
     markers = "osD^v<>"
     socs = sorted({k[0] for k in lines})
@@ -130,7 +139,8 @@ def tok_s_vs_seq_len(points: list[PointResult]) -> str | None:
 @_drawn
 def baseline_vs_now(points: list[PointResult]) -> str | None:
     """Both samples of every point with a baseline: baseline (grey) and now (coloured by the gate's
-    verdict), each with its median, so a reader sees the spread the gate judged."""
+    verdict), each with its median, so a reader sees the spread the gate judged; None when no point
+    has a baseline."""
     compared = [p for p in points if p.base]
     if not compared:
         return None

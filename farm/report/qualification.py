@@ -13,10 +13,11 @@ or worded as a failure of the code under test.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from farm.exitcodes import ExitCode
@@ -35,6 +36,8 @@ HEADLINES = {
                                     "(see Errors)"),
     ExitCode.INTERRUPTED: ("INTERRUPTED", "the run was interrupted: this report is partial"),
 }
+# Every document of a run (report.html, report.md, summary.md) is titled the same way, in words.
+TITLE = "Qualification of {bundle}"
 SUITE_NAMES = {"test_smoke": "smoke", "test_correctness": "correctness", "test_throughput": "throughput"}
 DIVERGENCE = re.compile(r"diverge at (token ids|output text) index (\d+)")
 
@@ -154,7 +157,9 @@ class QualificationReport:
     # -- sections ---------------------------------------------------------------------------------
     @property
     def correctness(self) -> list[CorrectnessRow]:
-        return [correctness_row(r) for r in self.records if r.suite == "test_correctness"]
+        """The correctness rows in the order every format lists them (``correctness_order``)."""
+        return sorted((correctness_row(r) for r in self.records if r.suite == "test_correctness"),
+                      key=correctness_order)
 
     @property
     def throughput(self) -> list[PointResult]:
@@ -195,6 +200,13 @@ class QualificationReport:
                 notes.append(f"unit {serial} of {u.soc}: {u.outcomes[serial]} on {u.test}, which passed on "
                              f"{', '.join(s for s, o in u.outcomes.items() if o == Outcome.PASSED)}")
         return notes
+
+
+def document_title(bundle: Any = None, verdict_word: str = "") -> str:
+    """A run's documents' title, in words: "Qualification of BUNDLE: VERDICT" (no bundle known:
+    "Qualification: VERDICT"; no verdict: just the first part, as the page's heading reads)."""
+    head = TITLE.format(bundle=bundle) if bundle not in (None, "") else "Qualification"
+    return f"{head}: {verdict_word}" if verdict_word else head
 
 
 def qualification_report(run: QualificationResults, baseline: QualificationResults | None = None, gate: GateResult | None = None,
@@ -240,6 +252,23 @@ def correctness_row(record: TestRecord) -> CorrectnessRow:
     return CorrectnessRow(record.soc or "", record.serial or "", record.name.partition("[")[0]
                           .removeprefix("test_"), mode, seq_len, case, record.outcome, divergence,
                           record.message, record.error_kind)
+
+
+# Not passed first (failed, then errors, then skipped), then by SoC, by case (prompt), and the rest for
+# a stable order.
+OUTCOME_ORDER = {Outcome.FAILED: 0, Outcome.ERROR: 1, Outcome.SKIPPED: 2, Outcome.PASSED: 3}
+
+
+def _natural(text: str) -> tuple[int, int, str]:
+    """Numbers as numbers ("64" before "128"), then text."""
+    return (0, int(text), "") if text.isdigit() else (1, 0, text)
+
+
+def correctness_order(row: CorrectnessRow) -> tuple:
+    """Where ``row`` goes in the correctness table: whatever did not pass first (failures before
+    errors before skips), then by SoC, then by case (prompt), then test, mode, seq_len and device."""
+    return (OUTCOME_ORDER.get(row.outcome, 0), row.soc, row.case, row.test, row.mode, _natural(row.seq_len),
+            row.serial)
 
 
 def devices_of(run: QualificationResults) -> list[DeviceRow]:
@@ -379,5 +408,189 @@ def gate_line(q: QualificationReport) -> str:
     return f"{g.verdict}{' (FAILS)' if g.failed else ''}: {counts or 'no points'} ({rule})"
 
 
-# -- Markdown -----------------------------------------------------------------------------------------
+# -- a failed test's evidence, excerpted ---------------------------------------------------------------
+# The files are farm.device.evidence's, in the report directory: what a person reads first of each is
+# shown on the page, bounded (a file may be missing, huge, or not UTF-8), with a link to all of it.
 
+EXCERPT_READ_BYTES = 2 << 20   # read of any one file: its end (logcat, runner output), its head (tombstone)
+EXCERPT_CONTEXT = (8, 12)      # lines kept before and after a line that looks like the crash
+EXCERPT_LINES = 80             # at most, of a logcat excerpt
+EXCERPT_TAIL_LINES = 40        # of a logcat where no line looks like a crash
+STDERR_TAIL_LINES = 30
+TOMBSTONE_FRAMES = 12          # of the backtrace
+EXCERPT_LINE_CHARS = 400       # a line longer than this is cut
+EXCERPT_CHARS = 24_000         # an excerpt longer than this is cut
+
+# A logcat line of the crash: priority F (fatal) or A (assert) in threadtime, or the words of one.
+_FATAL_PRIORITY = re.compile(r"^\d\d-\d\d \d\d:\d\d:\d\d\.\d+\s+\d+\s+\d+\s+[FA]\s")
+_CRASH_WORDS = re.compile(r"fatal|abort|\bSIG(?:SEGV|ABRT|BUS|ILL|FPE|TRAP|SYS)\b|killed by signal"
+                          r"|beginning of crash|tombstone written|\bcrash|panic|terminating with uncaught",
+                          re.I)
+_TOMBSTONE_HEAD = re.compile(r"(?:^|\s)(?:Cmdline: |pid: \d+|signal \d+ \(|Abort message: |Cause: )")
+_FRAME = re.compile(r"#\d+ pc ")
+_RUNNER_FILE = re.compile(r"runner-(\d+)\.txt")
+_EXIT_CODE = re.compile(r"^exit code: (-?\d+)$", re.M)
+
+
+@dataclass(frozen=True)
+class EvidenceExcerpt:
+    """What a person reads first of one evidence file: ``text`` (plain, to be escaped by the format)
+    under ``title``; ``path`` is the whole file, relative to the report directory."""
+
+    kind: str   # logcat, tombstone, stderr
+    path: str
+    title: str
+    text: str
+
+
+def safe_evidence_path(path: str) -> bool:
+    """A record's evidence path that may be linked and read: plain and relative (a record is data: no
+    absolute path, no ``..``, no backslash; a link quotes it, so no scheme either)."""
+    parts = PurePosixPath(path).parts
+    return bool(parts) and not path.startswith("/") and ".." not in parts and "\\" not in path
+
+
+def _read(root: Path, path: str, *, tail: bool) -> tuple[str, bool] | None:
+    """The file's text (its last or first ``EXCERPT_READ_BYTES``, undecodable bytes replaced) and whether
+    it was cut; None when it is not a regular file inside ``root``."""
+    try:
+        base = root.resolve()
+        full = (base / path).resolve()
+        if not full.is_relative_to(base) or not full.is_file():
+            return None
+        with open(full, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            cut = size > EXCERPT_READ_BYTES
+            if cut and tail:
+                f.seek(size - EXCERPT_READ_BYTES)
+            data = f.read(EXCERPT_READ_BYTES)
+    except (OSError, ValueError):
+        return None
+    text = data.decode("utf-8", errors="replace").replace("\r\n", "\n")
+    if cut and tail:
+        text = text.partition("\n")[2]  # the first line read is a part of one
+    return text, cut
+
+
+def _bounded(lines: list[str]) -> str:
+    out, total = [], 0
+    for line in lines:
+        line = line if len(line) <= EXCERPT_LINE_CHARS else line[:EXCERPT_LINE_CHARS] + " [... line cut]"
+        total += len(line) + 1
+        if total > EXCERPT_CHARS:
+            out.append("[... cut: the excerpt is bounded; the whole file is linked]")
+            break
+        out.append(line)
+    return "\n".join(out)
+
+
+def logcat_excerpt(text: str) -> tuple[str, str]:
+    """(what the excerpt is, its lines): the lines around those that look like the crash (fatal or
+    assert priority first; else lines naming a fatal error, an abort, a signal, a crash), else the last
+    ``EXCERPT_TAIL_LINES``."""
+    lines = text.splitlines()
+    hits = [i for i, line in enumerate(lines) if _FATAL_PRIORITY.match(line)] \
+        or [i for i, line in enumerate(lines) if _CRASH_WORDS.search(line)]
+    if not hits:
+        kept = lines[-EXCERPT_TAIL_LINES:]
+        return f"the last {len(kept)} of {len(lines)} lines (none looks like a crash)", _bounded(kept)
+    before, after = EXCERPT_CONTEXT
+    ranges: list[list[int]] = []
+    for i in hits:
+        lo, hi = max(0, i - before), min(len(lines), i + after + 1)
+        if ranges and lo <= ranges[-1][1]:
+            ranges[-1][1] = max(ranges[-1][1], hi)
+        else:
+            ranges.append([lo, hi])
+    out: list[str] = []
+    shown = last = 0
+    for k, (lo, hi) in enumerate(ranges):
+        if shown >= EXCERPT_LINES:
+            out.append(f"[... {len(ranges) - k} more part(s) near crash lines: see the whole file]")
+            last = len(lines)
+            break
+        hi = min(hi, lo + EXCERPT_LINES - shown)
+        if lo > last:
+            out.append(f"[... {lo - last} line(s) ...]")
+        out += lines[lo:hi]
+        shown, last = shown + hi - lo, hi
+    if last < len(lines):
+        out.append(f"[... {len(lines) - last} line(s) ...]")
+    return f"{shown} of {len(lines)} lines, around the crash", _bounded(out)
+
+
+def tombstone_summary(text: str) -> str:
+    """A tombstone's (or the crash buffer's) lines a person reads first: the process, the signal, the
+    abort message, the head of the backtrace; its first lines when none of them is found."""
+    lines = text.splitlines()
+    out = [line for line in lines if _TOMBSTONE_HEAD.search(line)]
+    for i, line in enumerate(lines):
+        if line.rstrip().endswith("backtrace:"):
+            frames = [f for f in lines[i + 1:i + 1 + 4 * TOMBSTONE_FRAMES] if _FRAME.search(f)]
+            out += ["backtrace:", *frames[:TOMBSTONE_FRAMES]]
+            break
+    return _bounded(out or lines[:20])
+
+
+def _stderr_tail(text: str) -> tuple[str, str]:
+    """A runner-N.txt (farm.device.evidence.runner_text): (its exit code line, the tail of its stderr)."""
+    code = _EXIT_CODE.search(text)
+    _, marker, stderr = text.rpartition("--- stderr ---\n")
+    if not marker:
+        stderr = text  # the marker was beyond what was read: the tail is stderr
+    lines = stderr.rstrip("\n").splitlines()
+    tail = lines[-STDERR_TAIL_LINES:]
+    return (f"exit code {code.group(1)}" if code else "exit code ?"), \
+        _bounded(tail) if tail else "(stderr was empty)"
+
+
+def evidence_excerpts(record: TestRecord, report_dir: str | os.PathLike) -> tuple[list[EvidenceExcerpt],
+                                                                                 list[str]]:
+    """The excerpts of ``record``'s evidence files in ``report_dir`` (a logcat excerpt, a summary of
+    each tombstone or of the crash buffer, the tail of the runner's stderr: its last invocation that
+    failed, else its last), and the evidence files that are not there."""
+    root = Path(report_dir)
+    out: list[EvidenceExcerpt] = []
+    missing: list[str] = []
+    runners: list[tuple[int, str, str]] = []  # (N, path, text)
+    for path in record.evidence:
+        if not safe_evidence_path(path):
+            continue
+        name = PurePosixPath(path).name
+        runner = _RUNNER_FILE.fullmatch(name)
+        if name == "logcat.txt" or runner or "stderr" in name:
+            kind = "logcat" if name == "logcat.txt" else "stderr"
+            tail = True
+        elif name.startswith("tombstone") or name == "crash.txt":
+            kind, tail = "tombstone", False
+        else:
+            continue  # battery, thermal, capture warnings: linked, not excerpted
+        read = _read(root, path, tail=tail)
+        if read is None:
+            missing.append(path)
+            continue
+        text, cut = read
+        if kind == "logcat":
+            what, excerpt = logcat_excerpt(text)
+            out.append(EvidenceExcerpt(kind, path, f"logcat excerpt: {what}"
+                                       + (f" (of its last {EXCERPT_READ_BYTES >> 20} MiB)" if cut else ""), excerpt))
+        elif kind == "tombstone":
+            what = "crash buffer summary" if name == "crash.txt" else f"tombstone summary ({name})"
+            out.append(EvidenceExcerpt(kind, path, f"{what}: signal, abort message, backtrace",
+                                       tombstone_summary(text)))
+        elif runner:
+            runners.append((int(runner.group(1)), path, text))
+        else:
+            lines = text.rstrip("\n").splitlines()
+            out.append(EvidenceExcerpt(kind, path, f"stderr ({name}): the last {min(len(lines), STDERR_TAIL_LINES)} "
+                                       "lines", _bounded(lines[-STDERR_TAIL_LINES:]) or "(empty)"))
+    if runners:
+        runners.sort()
+        failed = [r for r in runners if (m := _EXIT_CODE.search(r[2])) and m.group(1) != "0"]
+        n, path, text = (failed or runners)[-1]
+        code, tail = _stderr_tail(text)
+        out.append(EvidenceExcerpt("stderr", path, f"runner stderr: the last lines (invocation {n} of "
+                                   f"{len(runners)}, {code})", tail))
+    order = {"logcat": 0, "tombstone": 1, "stderr": 2}
+    out.sort(key=lambda x: order[x.kind])
+    return out, missing

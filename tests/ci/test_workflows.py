@@ -176,7 +176,7 @@ def test_pr_gate_on_a_virtual_device_appends_the_step_summary(tmp_path, tiny_bun
     assert "--purpose pr" in proc.stderr and "-m gate" in proc.stderr  # the farm command it ran
     assert proc.stdout.strip().splitlines()[-1] == str((out / "report.html").resolve())
     text = summary.read_text()
-    assert text.startswith("earlier step\n# QualificationReport of reference-tiny: PASS")
+    assert text.startswith("earlier step\n# Qualification of reference-tiny: PASS")
     assert "| SM8650 |" in text
     assert "::error" not in proc.stdout and "::warning" not in proc.stdout
     assert [p.name for p in (out / "junit").glob("*.xml")] and (out / "report.html").is_file()
@@ -288,7 +288,7 @@ def test_infrastructure_error_is_a_warning_never_a_failure(tmp_path):
 def test_regressions_from_the_report_and_a_run_without_report(tmp_path):
     report = _report(tmp_path)
     (report / "report.md").write_text(
-        "# QualificationReport of b: REGRESSION\n\n## Throughput\n\n"
+        "# Qualification of b: REGRESSION\n\n## Throughput\n\n"
         "- regressed: SM8650 kv 64 SmartMask: median 80.0 vs 100.0 tok/s (-20%), p=0.004\n"
         "- inconclusive: SM8550 kv 64 ShiftPointer: 3 vs 3 samples overlap\n"
         "- improved: SM8750 kv 64 SmartMask: +9%\n")
@@ -322,7 +322,7 @@ def test_the_command_line_appends_the_summary_and_runs_without_the_farm(tmp_path
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert [line.split(" ", 1)[0] for line in lines] == ["::error", "::warning", "::error"]
-    assert summary.read_text().startswith("# earlier\n# QualificationReport: FAIL")
+    assert summary.read_text().startswith("# earlier\n# Qualification: FAIL")
 
 
 def test_exit_code_table_is_farms():

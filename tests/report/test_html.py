@@ -260,7 +260,7 @@ def test_every_soc_and_both_updaters_appear_in_html_and_markdown():
 def test_verdict_comes_first_and_a_slowed_point_regresses():
     q = qualification_report(sample_run(slow=0.8), sample_run(run_id="run-base"))
     md = render_markdown(q)
-    assert md.startswith("# QualificationReport of reference-tiny: FAIL")  # the correctness failure wins
+    assert md.startswith("# Qualification of reference-tiny: FAIL")  # the correctness failure wins
     by = {(p.key.soc, p.key.updater, p.key.seq_len): p.verdict for p in q.gate.points}
     assert by[("SM8650", "SmartMask", 64)] == "regressed"
     assert by[("SM8550", "ShiftPointer", 64)] == "unchanged"
@@ -273,7 +273,7 @@ def test_an_infra_error_is_an_error_never_a_failure():
     run.records = [r for r in run.records if r.outcome != Outcome.FAILED]  # only the infra error left
     q = qualification_report(run, sample_run(run_id="run-base"))
     md = render_markdown(q)
-    assert md.startswith("# QualificationReport of reference-tiny: INFRA ERROR")
+    assert md.startswith("# Qualification of reference-tiny: INFRA ERROR")
     assert "## Failures" not in md and "## Errors (no verdict" in md
     assert "| test_device_answers[SM8550] | infrastructure error |" in md
     html_text = render_html(q)
@@ -306,7 +306,7 @@ def test_farm_report_compare_writes_html_and_markdown_and_exits_with_the_gate(tm
                  cwd=tmp_path)
     assert proc.returncode == 4, explain(proc)
     assert proc.stdout.strip().splitlines()[-1] == str(tmp_path / "r" / "report.html")
-    assert (tmp_path / "r" / "report.md").read_text().startswith("# QualificationReport of reference-tiny: REGRESSION")
+    assert (tmp_path / "r" / "report.md").read_text().startswith("# Qualification of reference-tiny: REGRESSION")
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["report.html", "report.md"]
     # Without --out the report goes beside the run's results.
     proc = _farm("report", str(now), "--min-effect", "50", "--compare", str(base), cwd=tmp_path)
