@@ -58,7 +58,9 @@ def resolve_config(name: str) -> LlamaConfig:
     return CONFIGS[name]
 
 
-def cache_key(cfg: LlamaConfig) -> str:
+def cache_key(cfg: LlamaConfig, layout: dict | None = None) -> str:
+    """``layout``: what else the key covers (farm/bundle/export_v14.py: the I/O layout and its
+    exporter's version); None for this exporter's bundles, whose keys stay what they were."""
     # Versions from the installed distributions: importing torch would cost seconds on a cache hit.
     config = cfg.to_dict()
     tokenizer: list = [CORPUS, N_MERGES]
@@ -71,7 +73,8 @@ def cache_key(cfg: LlamaConfig) -> str:
             del config[key]
     material = json.dumps({"config": config, "exporter": EXPORTER_VERSION,
                            "tokenizer": tokenizer, "torch": _dist_version("torch"),
-                           "executorch": _dist_version("executorch")}, sort_keys=True)
+                           "executorch": _dist_version("executorch")}
+                          | ({"layout": layout} if layout is not None else {}), sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
@@ -112,7 +115,13 @@ def export_config(cfg: LlamaConfig, out_dir: str | os.PathLike | None = None, *,
                   on_step: StepCallback | None = None) -> Path:
     """``export_bundle`` of a config that need not be one of the named ones (a benchmark's variant
     with another context length), cached under its own name and key."""
-    final = _bundle_dir_of(cfg, out_dir)
+    step = on_step or (lambda what, n, steps: None)
+    return publish(_bundle_dir_of(cfg, out_dir), lambda staging: _export_into(cfg, staging, step))
+
+
+def publish(final: Path, build: Callable[[Path], None]) -> Path:
+    """The manifest in ``final``, built there first unless it is already: ``build`` writes the bundle
+    into a staging directory beside it, renamed to ``final`` once complete."""
     root = final.parent
     manifest = final / MANIFEST
     if manifest.is_file():
@@ -123,7 +132,7 @@ def export_config(cfg: LlamaConfig, out_dir: str | os.PathLike | None = None, *,
         raise UsageError(f"--out: cannot create {root}: {e.strerror}") from None
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        _export_into(cfg, staging, on_step or (lambda what, step, steps: None))
+        build(staging)
         try:
             os.rename(staging, final)
         except OSError:
@@ -136,29 +145,14 @@ def export_config(cfg: LlamaConfig, out_dir: str | os.PathLike | None = None, *,
 
 
 def _export_into(cfg: LlamaConfig, out: Path, step: StepCallback) -> None:
-    # The exporter's dependencies are loud about things that do not concern a CPU export (torchao's
-    # CUDA kernels, deprecations inside torch.export): keep the user's terminal for our messages.
-    logging.getLogger("torchao").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _export_quietly(cfg, out, lambda n: step(STEPS[n - 1], n, len(STEPS)))
+    quietly(lambda: _export_quietly(cfg, out, lambda n: step(STEPS[n - 1], n, len(STEPS))))
 
 
 def _export_quietly(cfg: LlamaConfig, out: Path, step: Callable[[int], None]) -> None:
     import torch
 
     step(1)
-    tokenizer = TOKENIZER_FILES[cfg.tokenizer_format]
-    if cfg.tokenizer_format == "hf":
-        n_base = write_hf_tokenizer(out / tokenizer)
-    else:
-        ranks = train_ranks()
-        write_tiktoken_model(out / tokenizer, ranks)
-        n_base = len(ranks)
-    from farm.model.tokenizer import load_tokenizer
-
-    n_words = load_tokenizer(out / tokenizer).n_words
-    cfg = replace(cfg, vocab_size=n_words, n_base_tokens=n_base)
+    tokenizer, cfg = write_tokenizer(cfg, out)
 
     from farm.model.llama import LlamaWeights
 
@@ -199,6 +193,31 @@ def _export_quietly(cfg: LlamaConfig, out: Path, step: Callable[[int], None]) ->
         model=cfg.to_dict() | {"head_dim": cfg.head_dim, "exporter_version": EXPORTER_VERSION},
     )
     bundle.write(out / MANIFEST)
+
+
+def write_tokenizer(cfg: LlamaConfig, out: Path) -> tuple[str, LlamaConfig]:
+    """Train and write the config's tokenizer into ``out``: its file name, and the config with the
+    vocabulary it gives (base tokens + special tokens), which sizes the model."""
+    tokenizer = TOKENIZER_FILES[cfg.tokenizer_format]
+    if cfg.tokenizer_format == "hf":
+        n_base = write_hf_tokenizer(out / tokenizer)
+    else:
+        ranks = train_ranks()
+        write_tiktoken_model(out / tokenizer, ranks)
+        n_base = len(ranks)
+    from farm.model.tokenizer import load_tokenizer
+
+    n_words = load_tokenizer(out / tokenizer).n_words
+    return tokenizer, replace(cfg, vocab_size=n_words, n_base_tokens=n_base)
+
+
+def quietly(run: Callable[[], None]) -> None:
+    """Run an export step with its dependencies' noise off: torchao's CUDA kernels, deprecations
+    inside torch.export do not concern a CPU export; the user's terminal stays for our messages."""
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run()
 
 
 def _metadata_methods(cfg: LlamaConfig) -> dict[str, int]:

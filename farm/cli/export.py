@@ -12,6 +12,7 @@ from farm.errors import UsageError
 from farm.model.config import CONFIGS
 
 DEFAULT_MODEL = "tiny"
+LAYOUTS = ("v1.0", "v1.4")  # farm/bundle/export.py, farm/bundle/export_v14.py
 
 
 @click.command()
@@ -21,15 +22,22 @@ DEFAULT_MODEL = "tiny"
               help="deprecated alias of --model (everywhere else --config is the farm config)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="bundle cache directory [default: $PTEFARM_HOME/exports]")
-def export(model_name: str | None, deprecated_config: str | None, out_dir: str | None) -> None:
+@click.option("--layout", type=click.Choice(LAYOUTS), default=LAYOUTS[0], show_default=True,
+              help="the programs' I/O layout: v1.0 (qnn_llama_runner v1.0.1's: a cache per layer and "
+                   "head, method forward) or v1.4 (ExecuTorch 1.4.1's static llama, exported with the "
+                   "wheel's model code: a cache per layer, kv_forward/prefill_forward, *_llama_qnn.pte)")
+def export(model_name: str | None, deprecated_config: str | None, out_dir: str | None,
+           layout: str) -> None:
     """Export a reference llama bundle: kv and hybrid .pte (XNNPACK), tokenizer, manifest. tiny is
     llama3 with a tiktoken tokenizer.model; tiny-qwen2_5 is qwen2_5 with an HF tokenizer.json.
 
     Cached by content: exporting the same model again is instant. The last line printed is the
     manifest's path, for scripts: MANIFEST=$(farm export --model tiny | tail -n1).
     """
-    from farm.bundle.export import MANIFEST, bundle_dir, export_bundle
+    from farm.bundle import export as v10
+    from farm.bundle import export_v14 as v14
 
+    exporter = v14 if layout == "v1.4" else v10
     if deprecated_config is not None:
         click.echo(f"farm export: warning: --config {deprecated_config} is deprecated, use --model "
                    f"{deprecated_config}", err=True)
@@ -40,10 +48,11 @@ def export(model_name: str | None, deprecated_config: str | None, out_dir: str |
     if name not in CONFIGS:
         flag = "--model" if model_name or not deprecated_config else "--config"
         raise UsageError(f"{flag}: unknown reference model {name!r} (known: {', '.join(CONFIGS)})")
-    if not (bundle_dir(name, out_dir) / MANIFEST).is_file():
-        click.echo(f"exporting the {name} reference bundle (cached afterwards) ...", err=True)
+    if not (exporter.bundle_dir(name, out_dir) / v10.MANIFEST).is_file():
+        click.echo(f"exporting the {name} reference bundle, {layout} layout (cached afterwards) ...",
+                   err=True)
     with export_progress() as on_step:
-        manifest = export_bundle(name, out_dir, on_step=on_step)
+        manifest = exporter.export_bundle(name, out_dir, on_step=on_step)
     click.echo(str(manifest))
 
 
