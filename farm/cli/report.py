@@ -18,7 +18,8 @@ import click
 
 from farm.errors import FarmError, UsageError
 from farm.fileio import write_atomic
-from farm.results.records import QualificationResults, TestRecord
+from farm.results.jsonfile import load_results
+from farm.results.records import QualificationResults
 
 FORMATS = ("html", "markdown", "pytorch-benchmark-v3")
 FILE_NAMES = {"html": "report.html", "markdown": "report.md", "pytorch-benchmark-v3": "benchmark-v3.json"}
@@ -51,40 +52,14 @@ def open_store(config_path: str | None = None) -> Any:
     return ResultsStore.open(results_url(load_config(config_path)))
 
 
-def _parse_results(path: Path) -> QualificationResults:
-    """results.json, by farm.report's own loader when it has one (v2), else the v1 layout."""
-    try:
-        from farm.results.jsonfile import load_results  # the results store's loader (results.json v2)
-    except ImportError:
-        load_results = None
-    if load_results is not None:
-        return load_results(path)
-    try:
-        body = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{path}: not readable JSON: {e}") from None
-    if not isinstance(body, dict) or not isinstance(body.get("meta"), dict):
-        raise UsageError(f"{path}: no 'meta' object: not a ptefarm results.json")
-    raw = body.get("results")
-    if not isinstance(raw, list):
-        raise UsageError(f"{path}: field 'results' is not a list")
-    records = []
-    for i, r in enumerate(raw):
-        try:
-            records.append(TestRecord.from_json(r))
-        except (TypeError, ValueError, KeyError) as e:
-            raise UsageError(f"{path}: results[{i}] is not a test record: {e}") from None
-    return QualificationResults(body["meta"], records)
-
-
 def _from_file(source: str, what: str) -> QualificationResults | None:
     path = Path(source)
     if path.is_dir():
         if not (path / "results.json").is_file():
             raise UsageError(f"{what} {source}: a directory without results.json (not a report directory)")
-        return _parse_results(path / "results.json")
+        return load_results(path / "results.json")
     if path.is_file():
-        return _parse_results(path)
+        return load_results(path)
     return None
 
 
