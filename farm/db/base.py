@@ -23,6 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Self
 from urllib.parse import urlsplit, urlunsplit
 
@@ -132,6 +133,31 @@ class Txn:
         row = self.one(sql, params)
         assert row is not None
         return int(row["id"])
+
+
+@dataclass
+class Where:
+    """A query's WHERE clause built a condition at a time, each with its parameters, so that a
+    filter a caller may leave out (None) is one line, and the ``?`` stay in step with their values."""
+
+    conditions: list[str] = field(default_factory=list)
+    params: list[Any] = field(default_factory=list)
+
+    def add(self, condition: str, *params: Any) -> Where:
+        self.conditions.append(condition)
+        self.params.extend(params)
+        return self
+
+    def equal(self, **columns: Any) -> Where:
+        """``column = ?`` for each column given a value; None filters on nothing."""
+        for column, value in columns.items():
+            if value is not None:
+                self.add(f"{column} = ?", value)
+        return self
+
+    def sql(self) -> str:
+        """`` WHERE a AND b``; empty without a condition."""
+        return f" WHERE {' AND '.join(self.conditions)}" if self.conditions else ""
 
 
 class Listener:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Self
 
 from farm.config import FarmConfig, PoolConfig
-from farm.db.base import Listener, PoolLost, Store, StoreOwner, Txn
+from farm.db.base import Listener, PoolLost, Store, StoreOwner, Txn, Where
 from farm.db.connect import open_store
 from farm.errors import LeaseError, LeaseLost, LeaseTimeout, PoolError, UsageError
 from farm.pool import health
@@ -775,18 +775,12 @@ class Pool(StoreOwner):
                 after_id: int = 0) -> list[Event]:
         """Events, oldest first: the last ``limit`` (None: all) after ``after_id``, optionally of one
         device or one lease."""
-        where, params = ["id > ?"], [after_id]
-        if serial is not None:
-            where.append("serial = ?")
-            params.append(serial)
-        if token is not None:
-            where.append("token = ?")
-            params.append(token)
-        sql = f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY id DESC"
+        where = Where().add("id > ?", after_id).equal(serial=serial, token=token)
+        sql = f"SELECT * FROM events{where.sql()} ORDER BY id DESC"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         with self.store.read() as txn:
-            rows = txn.all(sql, params)
+            rows = txn.all(sql, where.params)
         return [event_from_row(r) for r in reversed(rows)]
 
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Self
 
-from farm.db.base import Store, StoreOwner, Txn
+from farm.db.base import Store, StoreOwner, Txn, Where
 from farm.db.connect import open_store
 from farm.errors import UsageError
 from farm.results.changes import PointSeries, RunPoint
@@ -305,26 +305,19 @@ class ResultsStore(StoreOwner):
             raise UsageError(f"purpose {purpose!r} is not one of {', '.join(PURPOSES)}")
         if limit is not None and limit < 1:
             raise UsageError(f"limit must be >= 1, got {limit}")
-        where, params = [], []
+        where = Where()
         if group is not None:
-            where.append("run_group = ?")
-            params.append(group)
+            where.add("run_group = ?", group)
         elif run_ids is None:
-            where.append("shard = ''")
-        if purpose is not None:
-            where.append("purpose = ?")
-            params.append(purpose)
-        if bundle is not None:
-            where.append("bundle_name = ?")
-            params.append(bundle)
+            where.add("shard = ''")
+        where.equal(purpose=purpose, bundle_name=bundle)
         if run_ids is not None:
             if not run_ids:
                 return []
-            where.append(f"run_id IN ({', '.join('?' * len(run_ids))})")
-            params.extend(run_ids)
+            where.add(f"run_id IN ({', '.join('?' * len(run_ids))})", *run_ids)
         sql = ("SELECT run_id, started_at, purpose, bundle_name, bundle_digest, git_revision, verdict, "
-               "virtual, partial, shard FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "")
-               + " ORDER BY started DESC, run_id DESC")
+               "virtual, partial, shard FROM runs" + where.sql() + " ORDER BY started DESC, run_id DESC")
+        params = where.params
         if limit is not None:
             sql += " LIMIT ?"
             params.append(int(limit))
