@@ -29,14 +29,20 @@ class Updater(StrEnum):
 class Dialect(StrEnum):
     HOST = "host"  # farm-llama-runner: v1.0.1's flags plus --token_ids_path and --seed
     QNN_V1_0 = "qnn-v1.0"  # qnn_llama_runner v0.7 .. v1.0.1: --kv_updater SmartMask|ShiftPointer
-    QNN_SHARED_BUFFER = "qnn-shared-buffer"  # v1.1.0 and later: SmartMask only, --shared_buffer
+    QNN_V1_4 = "qnn-v1.4"  # v1.1.0 on, as v1.4.1 is: SmartMask only, --shared_buffer, v1.4.1's templates
 
     @property
     def updaters(self) -> tuple[Updater, ...]:
         """The updaters this runner build can run: ShiftPointer was removed after v1.0.1."""
-        if self is Dialect.QNN_SHARED_BUFFER:
+        if self is Dialect.QNN_V1_4:
             return (Updater.SMART_MASK,)
         return tuple(Updater)
+
+    @property
+    def templates(self) -> str:
+        """The upstream release whose chat templates a runner of this dialect applies
+        (farm.model.template.TEMPLATES): v1.4.1's for qnn-v1.4, v1.0.1's for the others."""
+        return "v1.4.1" if self is Dialect.QNN_V1_4 else "v1.0.1"
 
 
 class EvalMode(StrEnum):

@@ -43,13 +43,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                                                 else []) for p in points])
 
 
-def generated_text(text: str | None, prompt: str | None = None, version: str | None = None) -> str:
+def generated_text(text: str | None, prompt: str | None = None, version: str | None = None,
+                   upstream: str = "v1.0.1") -> str:
     """outputs.txt echoes the prompt as the bundle's family formats it (qnn_llama_runner.cpp
-    get_formatted_prompt); the generation follows it. Without the prompt: what follows the last llama3
-    assistant header."""
+    get_formatted_prompt, of the ``upstream`` release the runner's dialect speaks); the generation
+    follows it. Without the prompt: what follows the last llama3 assistant header."""
     text = text or ""
     if prompt is not None and version is not None:
-        echo = format_prompt(prompt, "", version)
+        echo = format_prompt(prompt, "", version, upstream)
         if text.startswith(echo):
             return text[len(echo):]
     return text.rpartition(ASSISTANT_HEADER)[2] if ASSISTANT_HEADER in text else text
@@ -70,7 +71,7 @@ def test_updaters_agree(llm, point):
                "empty output" if divergence is None else f"{unit} {divergence}")
     if not comparison.agree:
         version = llm.bundle.decoder_model_version
-        tails = "\n".join(f"  {u}: {generated_text(r.text, prompt, version)[:200]!r}"
+        tails = "\n".join(f"  {u}: {generated_text(r.text, prompt, version, llm.dialect.templates)[:200]!r}"
                           for u, r in comparison.results.items())
         pytest.fail(f"{comparison.explain()}\ncontinuations:\n{tails}", pytrace=False)
 
@@ -94,8 +95,9 @@ def test_lookahead_matches_hybrid(llm, point):
                                      llm.bundle.modes[point.mode].ngram or 1)
     else:  # a runner that writes no token ids: the text, which may run on by one step's tokens
         version = llm.bundle.decoder_model_version
-        want = generated_text(expected.text, prompt, version)
-        problem = golden_text_mismatch(generated_text(got.text, prompt, version), want) if want \
+        want = generated_text(expected.text, prompt, version, llm.dialect.templates)
+        problem = golden_text_mismatch(generated_text(got.text, prompt, version, llm.dialect.templates),
+                                       want) if want \
             else "hybrid mode generated no text: nothing to check lookahead decoding against"
         problem = problem and f"lookahead decoding against hybrid mode's text: {problem}"
     assert problem is None, f"{problem} ({updater}, on {llm.device.serial})"
@@ -112,6 +114,6 @@ def test_matches_golden(llm, point, goldens):
                              f"{llm.bundle.runner_dialect!r} writes none: give a text_prefix")
         problem = golden_ids_mismatch(result.generated_ids, golden.token_ids)
     else:
-        text = generated_text(result.text, prompt, llm.bundle.decoder_model_version)
+        text = generated_text(result.text, prompt, llm.bundle.decoder_model_version, llm.dialect.templates)
         problem = golden_text_mismatch(text, golden.text_prefix or "")
     assert problem is None, problem

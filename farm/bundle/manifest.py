@@ -9,7 +9,7 @@ and must stay inside it. ``verify_bundle`` checks sizes and sha256 (cached per p
     {
       "format": "ptefarm-bundle/1",
       "name": "reference-tiny",
-      "runner_dialect": "host" | "qnn-v1.0" | "qnn-shared-buffer" | "auto",  # absent: auto (QNN)
+      "runner_dialect": "host" | "qnn-v1.0" | "qnn-v1.4" | "auto",  # absent: auto (QNN)
       "decoder_model_version": "llama3",
       "tokenizer": "tokenizer.model",
       "runner": "qnn_llama_runner",              # a file name, absent for the host runner
@@ -49,6 +49,7 @@ FORMAT = "ptefarm-bundle/1"
 DIALECTS: tuple[Dialect, ...] = tuple(Dialect)
 AUTO_DIALECT = "auto"  # read from the runner's --help on the device (farm.execute.runprofile.detect_dialect)
 MANIFEST_DIALECTS: tuple[str, ...] = (*DIALECTS, AUTO_DIALECT)
+DIALECT_ALIASES = {"qnn-shared-buffer": "qnn-v1.4"}  # its name before the farm spoke v1.4.1
 HOST_RUNNER = "farm-llama-runner"  # the runner of dialect host, on every device's PATH
 CONTEXT_KEYS = ("max_seq_len", "max_context_len", "context_len")  # model fields naming the context
 ROLES = ("pte", "tokenizer", "runner", "backend_lib", "qnn_lib", "other")
@@ -260,6 +261,7 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
         dialect = AUTO_DIALECT  # a QNN runner can tell its own dialect
     else:
         dialect = _require(raw, "runner_dialect", str, where)
+    dialect = DIALECT_ALIASES.get(dialect, dialect)
     if dialect not in MANIFEST_DIALECTS:
         raise UsageError(f"{where}: field 'runner_dialect' is {dialect!r}, expected one of "
                          f"{', '.join(MANIFEST_DIALECTS)}")

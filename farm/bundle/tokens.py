@@ -10,6 +10,7 @@ from typing import Any
 
 from farm.bundle.manifest import Bundle
 from farm.errors import UsageError
+from farm.vocab import Dialect
 
 DEFAULT_SEQ_LEN = 128
 FILLER = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the "
@@ -38,14 +39,19 @@ def context_len(bundle: Bundle) -> int:
     return known[0] if known is not None else DEFAULT_SEQ_LEN
 
 
-_fitted: dict[tuple[str, str, int], str] = {}  # (tokenizer file, version, n) -> prompt
-_templates: dict[tuple[str, str], Any] = {}
+_fitted: dict[tuple[str, str, str, int], str] = {}  # (tokenizer file, version, n) -> prompt
+_templates: dict[tuple[str, str, str], Any] = {}
 
 
-def _tokenizer_key(bundle: Bundle) -> tuple[str, str]:
-    """The tokenizer's file on the host and the template version: what token counts depend on."""
+def _tokenizer_key(bundle: Bundle) -> tuple[str, str, str]:
+    """The tokenizer's file on the host, the template version and the upstream release whose templates
+    the runner applies: what token counts depend on. An ``auto`` bundle's release is v1.0.1's until its
+    runner is asked (on a device): the counts of a qnn-v1.4 runner differ only where v1.4.1 changed a
+    template (smollm2_135m: an assistant turn more)."""
+    dialect = bundle.runner_dialect
+    upstream = Dialect(dialect).templates if dialect in tuple(Dialect) else Dialect.HOST.templates
     return str(next(f for f in bundle.files if f.name == bundle.tokenizer).path), \
-        bundle.decoder_model_version
+        bundle.decoder_model_version, upstream
 
 
 def _template(bundle: Bundle):
@@ -56,10 +62,10 @@ def _template(bundle: Bundle):
 
     key = _tokenizer_key(bundle)
     if key not in _templates:
-        tok_file, version = key
+        tok_file, version, upstream = key
         what = f"bundle {bundle.name!r}: tokenizer"
         try:
-            _templates[key] = PromptTemplate(load_tokenizer(tok_file, what=what), version)
+            _templates[key] = PromptTemplate(load_tokenizer(tok_file, what=what), version, upstream)
         except UsageError as e:
             if str(e).startswith(what):
                 raise

@@ -119,7 +119,7 @@ def bundle() -> None:
 @click.option("--name", required=True, help="bundle name (also the workspace directory on devices)")
 @click.option("--dialect", default="auto", show_default=True,
               help="auto (read from the runner's --help on the device, at its first run), qnn-v1.0 "
-                   "(--kv_updater, v0.6-v1.0.x) or qnn-shared-buffer (SmartMask only, v1.1+)")
+                   "(--kv_updater, v0.6-v1.0.x) or qnn-v1.4 (SmartMask only, v1.1+)")
 @click.option("--artifact", type=click.Path(file_okay=False),
               help="llama.py's --artifact folder: kv_llama_qnn.pte, hybrid_llama_qnn.pte, "
                    "lookahead_llama_qnn.pte and the tokenizer (tokenizer.json, .model or .bin)")

@@ -4,7 +4,7 @@ Three dialects exist (see the ExecuTorch fact sheet):
 
 - ``qnn-v1.0``: ``./qnn_llama_runner`` of releases v0.7 .. v1.0.1, takes ``--kv_updater
   SmartMask|ShiftPointer`` (always passed: v0.6.0 swapped the default and the help text).
-- ``qnn-shared-buffer``: v1.1.0 and later; ShiftPointer is gone, ``--shared_buffer`` replaces the flag.
+- ``qnn-v1.4``: v1.1.0 and later; ShiftPointer is gone, ``--shared_buffer`` replaces the flag.
 - ``host``: ``farm-llama-runner``, the farm's reference runner, v1.0.1's flags plus ``--token_ids_path``
   and ``--seed``.
 
@@ -96,7 +96,7 @@ _FLAG_ENTRY = re.compile(r"^(?: {4}--?([A-Za-z][A-Za-z0-9_]*) \(| {2}(?:-[A-Za-z
 DIALECT_FLAGS: tuple[tuple[str, Dialect], ...] = (
     ("token_ids_path", Dialect.HOST),             # farm-llama-runner only
     ("kv_updater", Dialect.QNN_V1_0),             # v0.6.0 .. v1.0.x
-    ("shared_buffer", Dialect.QNN_SHARED_BUFFER),  # v1.1.0 on
+    ("shared_buffer", Dialect.QNN_V1_4),  # v1.1.0 on
 )
 
 
@@ -217,7 +217,7 @@ def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str,
              "--output_path", posixpath.join(out_rel, OUTPUTS),
              "--performance_output_path", posixpath.join(out_rel, SPEED)]
     argv += mode.lookahead_args  # eval_mode 2: the --ngram/--window/--gcap its .pte was exported for
-    if dialect == Dialect.QNN_SHARED_BUFFER:
+    if dialect == Dialect.QNN_V1_4:
         argv.append("--shared_buffer")
     else:
         argv += ["--kv_updater", request.updater]

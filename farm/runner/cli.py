@@ -27,80 +27,15 @@ import sys
 from typing import TYPE_CHECKING, NamedTuple
 
 from farm.errors import UsageError
-from farm.runner.gflags_help import FlagInfo, usage
+from farm.runner.gflags_help import usage
+from farm.runner.releases import HOST, Flag, Release, split_release
 
 if TYPE_CHECKING:
     import argparse
 
 PROG = "farm-llama-runner"
-USAGE = ("a host stand-in for qnn_llama_runner v1.0.1 (ExecuTorch): the same flags, outputs.txt, "
-         "inference_speed.txt and stdout")
-FLAGS_FILE = "farm/runner/cli.py"  # where gflags would say these flags are defined
-
-
-class Flag(NamedTuple):
-    """One flag: its gflags description (type, default, help) and how argparse reads it."""
-
-    name: str
-    type: str  # gflags' type name: string, int32, double, bool
-    default: object
-    help: str
-    shown_default: object = None  # what --help prints as the default, when it differs
-
-    def info(self) -> FlagInfo:
-        shown = self.default if self.shown_default is None else self.shown_default
-        return FlagInfo(self.name, self.type, shown, self.help, FLAGS_FILE)
-
-
-# qnn_llama_runner.cpp's DEFINE_* lines at v1.0.1 (defaults and help texts verbatim, QLR:26-84), then
-# the flags of ours. --prompt is read as upstream reads it (collect_prompts): its gflags default is
-# never run, by upstream or by us.
-FLAGS: tuple[Flag, ...] = (
-    Flag("decoder_model_version", "string", "llama2", "The decoder model to execute."),
-    Flag("model_path", "string", "kv_llama_qnn.pte", "Model serialized in flatbuffer format."),
-    Flag("output_path", "string", "outputs.txt", "Executorch inference data output path."),
-    Flag("performance_output_path", "string", "inference_speed.txt",
-         "Records inference speed. For CI purpose."),
-    Flag("dump_logits_path", "string", "",
-         "If path is provided, program will dump all logits generated. This option is for analysis "
-         "purpose. It is not recommended for general usage as it will cause token rate drop and "
-         "increase in memory usage."),
-    Flag("tokenizer_path", "string", "tokenizer.bin", "Tokenizer stuff."),
-    Flag("prompt", "string", None,
-         "User prompts for Llama. When multiple prompts are entered, a multi-turn conversation will "
-         "be initiated. Note that this feature is currently for testing purposes only.",
-         shown_default="The answer to the ultimate question is"),
-    Flag("tokenized_prompt", "string", "",
-         "This is an alternative of passing prompts. Users could provide this in a raw file, with "
-         "tokens saved in uint64 format."),
-    Flag("system_prompt", "string", "",
-         "Tells the model what kind of assistant it should be. For example, You are a helpful AI "
-         "assistant for travel tips and recommendations. Default is None"),
-    Flag("temperature", "double", 0.0,
-         "Temperature; Default is 0.0f. 0 = greedy argmax sampling (deterministic). Lower "
-         "temperature = more deterministic"),
-    Flag("seq_len", "int32", 128, "Total number of tokens to generate (prompt + output)."),
-    Flag("eval_mode", "int32", 1,
-         "0: TokenGenerator(kv) / 1: HybridMode (prefill+kv) / 2: Lookahead Decoding"),
-    Flag("kv_updater", "string", "SmartMask",
-         "How to update kv cache. Choose between SmartMask and ShiftPointer"),
-    Flag("num_iters", "int32", 1, "total num of iterations to run."),
-    Flag("ngram", "int32", 0,
-         "[Lookahead Decoding] Represents the size of the n-grams used in the lookahead process."),
-    Flag("window", "int32", 0,
-         "[Lookahead Decoding] Determines how many future tokens the algorithm attempts to predict "
-         "in each step."),
-    Flag("gcap", "int32", 0,
-         "[Lookahead Decoding] Represents the maximum number of speculations or candidate n-grams "
-         "that the algorithm considers in each step for verification. It balances the trade-off "
-         "between computation efficiency and exploring more possibilities."),
-    # Ours (ptefarm):
-    Flag("token_ids_path", "string", "",
-         "(ptefarm) Writes the prompt and generated token ids of the last iteration as JSON."),
-    Flag("seed", "int32", 0, "(ptefarm) Sampling seed for --temperature > 0 and lookahead guesses."),
-    Flag("help", "bool", False, "show help on all flags [tip: all flags can have two dashes]"),
-    Flag("helpfull", "bool", False, "show help on all flags -- same as -help"),
-)
+USAGE = HOST.usage
+FLAGS = HOST.flags  # farm-llama-runner's own flags (farm/runner/releases.py has every release's)
 _PARSE = {"string": str, "int32": int, "double": float}
 
 
@@ -117,8 +52,8 @@ def _add(p: argparse.ArgumentParser, flag: Flag, defaults: bool = True) -> None:
         p.add_argument(*names, dest=flag.name, type=_PARSE[flag.type], default=default)
 
 
-def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
-    """The flags of FLAGS; ``defaults=False``: only the flags given appear in the namespace."""
+def build_parser(defaults: bool = True, release: Release = HOST) -> argparse.ArgumentParser:
+    """The flags of ``release``; ``defaults=False``: only the flags given appear in the namespace."""
     # argparse is imported where used: a zygote client never parses, and its start-up is this
     # module's imports.
     import argparse
@@ -128,17 +63,17 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
             raise UsageError(message)
 
     p = Parser(prog=PROG, allow_abbrev=False, add_help=False)
-    for flag in FLAGS:
+    for flag in release.flags:
         _add(p, flag, defaults)
     return p
 
 
-def help_text(argv: list[str]) -> str:
+def help_text(argv: list[str], release: Release = HOST, prog: str = PROG) -> str:
     """--help as gflags prints it (farm/runner/gflags_help.py); the flags given show "currently"."""
-    given = vars(build_parser(defaults=False).parse_known_args(argv)[0])
+    given = vars(build_parser(defaults=False, release=release).parse_known_args(argv)[0])
     if isinstance(given.get("prompt"), list):
         given["prompt"] = given["prompt"][-1]  # gflags keeps the last value
-    return usage(PROG, [f.info() for f in FLAGS], given, USAGE)
+    return usage(prog, release.flag_infos(), given, release.usage)
 
 
 def collect_prompts(argv: list[str]) -> list[str]:
@@ -185,12 +120,45 @@ def _check_utf8(flag: str, text: str) -> None:
         raise UsageError(f"--{flag}: not valid UTF-8 ({byte} at character {e.start})") from None
 
 
+def unknown_flag(argv: list[str], release: Release) -> str | None:
+    """The first ``-name``/``--name`` argument naming no flag of ``release`` (gflags reads both
+    spellings, ``name=value`` too), where a flag is expected: a value after a flag that takes one is
+    skipped, as gflags skips it."""
+    known = {f.name: f for f in release.flags}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return None
+        if arg.startswith("-") and len(arg) > 1:
+            name, eq, _ = arg.lstrip("-").partition("=")
+            flag = known.get(name)
+            if flag is None and not (name.startswith("no") and name[2:] in known):
+                return name
+            if flag is not None and flag.type != "bool" and not eq:
+                i += 1  # its value, whatever it looks like
+        i += 1
+    return None
+
+
+class GflagsExit(Exception):
+    """What gflags prints and exits with on a command line it refuses (gflags.cc ParseNewCommandLineFlags:
+    "ERROR: unknown command line flag 'NAME'", then exit 1)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
 def run(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    release, argv = split_release(argv)
+    if release.gflags_errors and (name := unknown_flag(argv, release)) is not None:
+        raise GflagsExit(f"ERROR: unknown command line flag '{name}'")
+    args = build_parser(release=release).parse_args(argv)
     if args.help or args.helpfull:
-        sys.stdout.write(help_text(argv))
+        sys.stdout.write(help_text(argv, release, PROG if release is HOST else "qnn_llama_runner"))
         return 1  # gflags exits 1 after --help (gflags_reporting.cc HandleCommandLineHelpFlags)
-    given = vars(build_parser(defaults=False).parse_args(argv))
+    given = vars(build_parser(defaults=False, release=release).parse_args(argv))
     if "dump_logits_path" in given and args.eval_mode != 0:
         # qnn_llama_runner.cpp:247-251: the flag given at all (even empty) needs eval_mode 0.
         raise UsageError("--dump_logits_path: Only TokenGenerator(kv) mode is supported to dump all "
@@ -203,6 +171,15 @@ def run(argv: list[str]) -> int:
         raise UsageError("Only provide prompt or tokenized_input but not both.")
     if args.num_iters < 1:
         raise UsageError(f"--num_iters: must be at least 1, got {args.num_iters}")
+    if getattr(args, "attention_sink_rope_path", ""):
+        # runner.cpp v1.4.1 loads it as a second Module and evicts with it past the context; the host
+        # runner does not emulate the evictor yet: refused rather than generate without it.
+        raise UsageError(f"--attention_sink_rope_path: {args.attention_sink_rope_path}: attention sink "
+                         "is not emulated by this runner (generation past the context window)")
+    # Absent from a release's flags: its only updater (v1.4.1: SmartMask), no seed of ours (0).
+    args.kv_updater = getattr(args, "kv_updater", release.updaters[0])
+    args.seed = getattr(args, "seed", 0)
+    args.token_ids_path = getattr(args, "token_ids_path", "")
     import torch
 
     from farm.runner.engine import LlamaRunner, cpp_double, updater_class
@@ -212,7 +189,8 @@ def run(argv: list[str]) -> int:
     io_cls = updater_class(args.kv_updater)
     runner = LlamaRunner(args.model_path, args.tokenizer_path, args.eval_mode, io_cls,
                          args.decoder_model_version, dump_logits=bool(args.dump_logits_path),
-                         lookahead=LookaheadConfig(args.ngram, args.window, args.gcap), seed=args.seed)
+                         lookahead=LookaheadConfig(args.ngram, args.window, args.gcap), seed=args.seed,
+                         upstream=release.templates, kv_method=release.kv_method)
     gen = torch.Generator().manual_seed(args.seed)
     text = bytearray()
     last_iteration = []
@@ -228,10 +206,13 @@ def run(argv: list[str]) -> int:
                 gen_ = runner.generate(echo, args.seq_len, args.temperature, gen, tokens)
             text += gen_.text
             last_iteration.append(gen_)
-            # token_generator.cpp prints a newline at EOS; lhd_token_generator.cpp two, or one
-            # when the context ends the generation.
-            sys.stdout.write("\n" * gen_.newlines)
-            print(gen_.stats.observer_line(), flush=True)
+            # token_generator.cpp prints a newline at EOS (v1.4.1: or when seq_len ends it, so always
+            # one); lhd_token_generator.cpp two, or one when the context ends the generation.
+            newlines = gen_.newlines
+            if release.newline_at_limit and runner.lookahead is None:
+                newlines = 1
+            sys.stdout.write("\n" * newlines)
+            print(gen_.stats.observer_line(rates=release.observer_rates), flush=True)
             _write_atomic(args.performance_output_path,
                           cpp_double(gen_.stats.tokens_per_second()).encode(), "performance_output_path")
             if args.dump_logits_path:  # runner.cpp:456-460: rewritten after every prompt
@@ -248,6 +229,9 @@ def exit_code(argv: list[str]) -> int:
     """Run in this process; the exit code (also what a zygote's child runs)."""
     try:
         return run(argv)
+    except GflagsExit as e:
+        print(e.message, file=sys.stderr)
+        return 1
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

@@ -62,9 +62,21 @@ class Stats:
         values = dict(self.__dict__, SCALING_FACTOR_UNITS_PER_SECOND=SCALING_FACTOR_UNITS_PER_SECOND)
         return {key: values[key] for key in OBSERVER_KEYS}
 
-    def observer_line(self) -> str:
-        """``PyTorchObserver {json}``, compact, as print_report prints it after every prompt."""
-        return "PyTorchObserver " + json.dumps(self.to_json(), separators=(",", ":"))
+    def observer_line(self, rates: bool = False) -> str:
+        """``PyTorchObserver {json}``, compact, as print_report prints it after every prompt. ``rates``:
+        v1.4.1's, which starts with the prefill and decode rates, each only when its interval is
+        positive, written as ``operator<<`` writes a double (stats.h v1.4.1:100-117)."""
+        values = self.to_json()
+        head = ""
+        if rates:
+            prefill_ms = self.prompt_eval_end_ms - self.inference_start_ms
+            decode_ms = self.inference_end_ms - self.prompt_eval_end_ms
+            if prefill_ms > 0:
+                head += f'"prefill_token_per_sec":{cpp_double(self.prompt_tokens / prefill_ms * SCALING_FACTOR_UNITS_PER_SECOND)},'
+            if decode_ms > 0:
+                head += f'"decode_token_per_sec":{cpp_double(self.generated_tokens / decode_ms * SCALING_FACTOR_UNITS_PER_SECOND)},'
+        body = json.dumps(values, separators=(",", ":"))
+        return "PyTorchObserver {" + head + body[1:]
 
     def tokens_per_second(self) -> float:
         """inference_speed.txt (runner.cpp print_performance_report): generated tokens over the
@@ -105,22 +117,25 @@ class LlamaRunner:
     def __init__(self, model_path: str, tokenizer_path: str, eval_mode: int,
                  io_mgr_cls: type[IoMgr], decoder_model_version: str = "llama3",
                  dump_logits: bool = False, lookahead: LookaheadConfig | None = None,
-                 seed: int = 0):
+                 seed: int = 0, upstream: str = "v1.0.1", kv_method: str = "forward"):
         from farm.model.tokenizer import load_tokenizer
 
         if eval_mode not in METHODS:
             raise UsageError(f"--eval_mode: {eval_mode} ({EvalMode.from_number(eval_mode) or 'unknown'}) "
                              "is not supported; use 0 (kv), 1 (hybrid) or 2 (lookahead)")
-        check_version(decoder_model_version)
+        check_version(decoder_model_version, upstream)  # upstream: whose templates (farm.model.template)
         self.stats = Stats(model_load_start_ms=now_ms())
         self.program = _load_program(model_path)
         names = set(self.program.method_names)
-        if missing := [m for m in METHODS[eval_mode] if m not in names]:
+        # kv_method: what eval_mode 0 runs, v1.0.1's `forward` or v1.4.1's `kv_forward` (runner.cpp
+        # v1.4.1:165-169), whichever release the runner is (farm/runner/releases.py)
+        methods = (kv_method, kv_method) if eval_mode == EvalMode.KV.number else METHODS[eval_mode]
+        if missing := [m for m in methods if m not in names]:
             raise UsageError(f"--model_path: {model_path} has no method {missing[0]!r} needed by "
                              f"--eval_mode {eval_mode} (it has: {', '.join(sorted(names))})")
         self.tokenizer = load_tokenizer(tokenizer_path)
-        self.template = PromptTemplate(self.tokenizer, decoder_model_version)
-        prefill_name, decode_name = METHODS[eval_mode]
+        self.template = PromptTemplate(self.tokenizer, decoder_model_version, upstream)
+        prefill_name, decode_name = methods
         self.prefill = self.program.load_method(prefill_name)
         self.decode = self.program.load_method(decode_name)
         self.shape, self.vocab_size = self._read_shape(model_path)

@@ -63,7 +63,14 @@ done
 exec farm-llama-runner "$@"
 '''
 
-RUNNERS = {"wrapper": WRAPPER, "v1.0.1": V1_0_1_RUNNER}
+# farm-llama-runner shown as qnn_llama_runner v1.4.1 (farm/runner/releases.py): v1.4.1's flags, --help,
+# templates, observer line and stdout, and no flag of ours, so a farm drives it in dialect qnn-v1.4 and
+# upstream's own client code (SimpleADB, DefaultEval) runs it as it runs a phone's. It runs programs of
+# v1.4.1's layout (kv_forward, prefill_forward), as the real runner does.
+V1_4_1_RUNNER = ('#!/system/bin/sh\n# qnn_llama_runner v1.4.1 as a farm drives it (dialect qnn-v1.4): '
+                 'farm-llama-runner shown as v1.4.1.\nexec farm-llama-runner --ptefarm_upstream=v1.4.1 "$@"\n')
+
+RUNNERS = {"wrapper": WRAPPER, "v1.0.1": V1_0_1_RUNNER, "v1.4.1": V1_4_1_RUNNER}
 HTP_ARCHS = tuple(sorted(set(HTP_ARCH_BY_SOC.values())))  # every SoC a virtual device can be
 # llama.py's pte_filename per eval_mode: kv and hybrid (a reference's lookahead program is left out:
 # its mode needs --ngram/--window/--gcap, which `farm bundle create` does not record).

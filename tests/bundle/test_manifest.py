@@ -33,7 +33,7 @@ from tests.support.devices import make_qnn_bundle, write
 # make_qnn_bundle's files, in manifest order
 KV, HYBRID, TOKENIZER, RUNNER, BACKEND = range(5)
 ROLES = "('pte', 'tokenizer', 'runner', 'backend_lib', 'qnn_lib', 'other')"
-DIALECTS = "host, qnn-v1.0, qnn-shared-buffer, auto"
+DIALECTS = "host, qnn-v1.0, qnn-v1.4, auto"
 
 
 def _sha(data: bytes) -> str:
@@ -274,11 +274,11 @@ def test_a_manifest_loads_to_the_bundle_it_describes(tmp_path):
     raw = _raw(manifest)
     raw["model"] = {"max_seq_len": 128, "note": "free-form"}
     raw["decoder_model_version"] = "qwen2_5"
-    raw["runner_dialect"] = "qnn-shared-buffer"
+    raw["runner_dialect"] = "qnn-v1.4"
     b = load(_save(manifest, raw), verify=True)
     base = manifest.parent.resolve()
     assert (b.name, b.runner_dialect, b.tokenizer, b.runner, b.decoder_model_version) == (
-        "qnn-1", "qnn-shared-buffer", "tokenizer.model", "qnn_llama_runner", "qwen2_5")
+        "qnn-1", "qnn-v1.4", "tokenizer.model", "qnn_llama_runner", "qwen2_5")
     assert b.model == {"max_seq_len": 128, "note": "free-form"}
     assert b.modes == {"kv": Mode("kv.pte", 0, 1), "hybrid": Mode("hybrid.pte", 1, 32)}
     assert b.manifest_path == manifest.resolve()
@@ -312,7 +312,7 @@ def test_optional_fields_absent_or_null_take_their_defaults(tmp_path):
     assert (b.name, b.decoder_model_version, b.model) == ("my-bundle", "llama3", {})
 
 
-@pytest.mark.parametrize("dialect", ["host", "qnn-v1.0", "qnn-shared-buffer", "auto"])
+@pytest.mark.parametrize("dialect", ["host", "qnn-v1.0", "qnn-v1.4", "auto"])
 def test_every_dialect_loads_as_written(tmp_path, dialect):
     manifest = make_qnn_bundle(tmp_path / "b")
     raw = _raw(manifest)

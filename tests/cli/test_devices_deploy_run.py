@@ -88,10 +88,10 @@ def test_run_errors_are_one_line(cli_farm):
     assert failed.exit_code == 1
     assert "exited 7: fake runner: cannot load model [RunnerFailed]" in failed.output
 
-    wrong = _farm("run", str(manifests["qnn-shared-buffer"]), "--serial", serial, "--config",
+    wrong = _farm("run", str(manifests["qnn-v1.4"]), "--serial", serial, "--config",
                   str(config), "--prompt", "x", "--updater", "ShiftPointer")
     assert wrong.exit_code == 2
-    assert "'qnn-shared-buffer' supports only the SmartMask updater" in wrong.output
+    assert "'qnn-v1.4' supports only the SmartMask updater" in wrong.output
 
     unknown = _farm("run", str(manifests["qnn-v1.0"]), "--serial", "NOPE", "--config", str(config),
                     "--prompt", "x")

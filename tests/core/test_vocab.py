@@ -26,7 +26,7 @@ def test_eval_mode_table_both_ways():
 def test_dialect_updaters():
     assert Dialect.HOST.updaters == Dialect.QNN_V1_0.updaters == (Updater.SMART_MASK,
                                                                    Updater.SHIFT_POINTER)
-    assert Dialect.QNN_SHARED_BUFFER.updaters == (Updater.SMART_MASK,)
+    assert Dialect.QNN_V1_4.updaters == (Updater.SMART_MASK,)
 
 
 def test_old_names_still_importable_and_derived():
@@ -41,7 +41,7 @@ def test_old_names_still_importable_and_derived():
     assert (AVAILABLE, LEASED, QUARANTINED, OFFLINE) == tuple(DeviceState)
     assert runprofile.UPDATERS == compare.UPDATER_PAIR == tuple(Updater)
     assert runprofile.DIALECT_UPDATERS == {d: d.updaters for d in Dialect}
-    assert runprofile.DIALECT_UPDATERS["qnn-shared-buffer"] == ("SmartMask",)
+    assert runprofile.DIALECT_UPDATERS["qnn-v1.4"] == ("SmartMask",)
     assert bundle.DIALECTS == tuple(Dialect)
     assert set(io_manager.UPDATERS) == set(Updater)
     assert all(cls.name == name for name, cls in io_manager.UPDATERS.items())
@@ -71,7 +71,7 @@ def test_runprofile_refuses_updaters_a_dialect_lacks(dialect, tmp_path):
         request = RunRequest(prompts=["hi"], updater=updater)
         if updater in dialect.updaters:
             argv, _ = runner_argv(bundle, request, "runs/x")
-            assert ("--kv_updater" in argv) == (dialect != Dialect.QNN_SHARED_BUFFER)
+            assert ("--kv_updater" in argv) == (dialect != Dialect.QNN_V1_4)
         else:
             with pytest.raises(UsageError, match=f"'{dialect}' supports only the SmartMask updater"):
                 runner_argv(bundle, request, "runs/x")

@@ -24,7 +24,7 @@ from tests.support.devices import make_qnn_bundle
 @pytest.mark.parametrize("text,dialect", [
     (runner_help.QNN_V0_6_0, Dialect.QNN_V1_0),
     (runner_help.QNN_V1_0_1, Dialect.QNN_V1_0),
-    (runner_help.QNN_V1_1_0, Dialect.QNN_SHARED_BUFFER),
+    (runner_help.QNN_V1_1_0, Dialect.QNN_V1_4),
     (runner_help.HOST_RUNNER, Dialect.HOST),
 ])
 def test_each_release_is_recognised(text, dialect):
@@ -54,7 +54,7 @@ def test_only_declared_flags_count_not_words_in_help_texts():
         "    -legacy_note (ShiftPointer and\n      --kv_updater were removed in v1.1) type: bool\n"
         "      default: false\n    -shared_buffer (Specifies")
     assert "kv_updater" in text and "kv_updater" not in help_flags(text)
-    assert detect_dialect(text) is Dialect.QNN_SHARED_BUFFER
+    assert detect_dialect(text) is Dialect.QNN_V1_4
 
 
 def test_help_naming_no_dialect_flag_is_a_clear_error():
@@ -76,16 +76,16 @@ def _bundle(dialect: str) -> bundle_mod.Bundle:
 
 
 def test_declared_dialect_checked_against_the_help():
-    assert settle_dialect(_bundle("auto"), runner_help.QNN_V1_1_0, "S1") is Dialect.QNN_SHARED_BUFFER
+    assert settle_dialect(_bundle("auto"), runner_help.QNN_V1_1_0, "S1") is Dialect.QNN_V1_4
     assert settle_dialect(_bundle("qnn-v1.0"), runner_help.QNN_V0_6_0, "S1") is Dialect.QNN_V1_0
     with pytest.raises(UsageError) as caught:
         settle_dialect(_bundle("qnn-v1.0"), runner_help.QNN_V1_1_0, "S1")
     message = str(caught.value)
     assert message.startswith("/bundles/b/manifest.json: runner ./qnn_llama_runner on S1")
-    assert "'qnn-v1.0'" in message and "'qnn-shared-buffer'" in message and "--shared_buffer" in message
+    assert "'qnn-v1.0'" in message and "'qnn-v1.4'" in message and "--shared_buffer" in message
     # A runner whose help says nothing (a stand-in script) cannot contradict the manifest ...
-    assert settle_dialect(_bundle("qnn-shared-buffer"), "usage: whatever\n", "S1") \
-        is Dialect.QNN_SHARED_BUFFER
+    assert settle_dialect(_bundle("qnn-v1.4"), "usage: whatever\n", "S1") \
+        is Dialect.QNN_V1_4
     # ... but then nothing tells an "auto" bundle's dialect either.
     with pytest.raises(UsageError, match="manifest.json: .*cannot tell its dialect.*'auto'"):
         settle_dialect(_bundle("auto"), "usage: whatever\n", "S1")
@@ -170,7 +170,7 @@ def test_declared_dialect_contradicted_by_the_runner_is_refused_before_running(d
         run(dev, bundle, RunRequest(prompts=["hi"], updater="ShiftPointer"), timeout=60)
     message = str(caught.value)
     assert str(manifest) in message and dev.serial in message
-    assert "'qnn-v1.0'" in message and "'qnn-shared-buffer'" in message
+    assert "'qnn-v1.0'" in message and "'qnn-v1.4'" in message
     ws = Path(bundle_workspace(dev, bundle))
     assert not (ws / "runs").exists() or not list((ws / "runs").iterdir())  # nothing ran
 
@@ -210,4 +210,4 @@ def test_gflags_newer_double_dash_entries_are_flags_too():
     assert "kv_updater" in help_flags(text) and "shared_buffer" not in help_flags(text)
     assert detect_dialect(text) is Dialect.QNN_V1_0
     assert detect_dialect(runner_help.QNN_V1_1_0.replace("\n    -", "\n    --")) \
-        is Dialect.QNN_SHARED_BUFFER
+        is Dialect.QNN_V1_4

@@ -66,7 +66,7 @@ def test_hostile_prompts_reach_the_runner_byte_exact(fake, tmp_path):
 
 def test_shared_buffer_dialect_passes_its_flag(fake):
     _, device, bundles = fake
-    result = run(device, bundles["qnn-shared-buffer"], RunRequest(prompts=["hi"]), timeout=60)
+    result = run(device, bundles["qnn-v1.4"], RunRequest(prompts=["hi"]), timeout=60)
     argv = json.loads(result.text)["argv"]
     assert "--shared_buffer" in argv and "--kv_updater" not in argv
 

@@ -107,7 +107,7 @@ def test_a_declared_dialect_the_runner_contradicts_is_refused_naming_the_device(
         flags(dev, declared)
     assert str(caught.value) == (
         f"{declared.manifest_path}: runner ./qnn_llama_runner on dev-a: the manifest's 'runner_dialect' "
-        f"is 'qnn-v1.0' but the runner is 'qnn-shared-buffer' (its --help lists --shared_buffer); fix "
+        f"is 'qnn-v1.0' but the runner is 'qnn-v1.4' (its --help lists --shared_buffer); fix "
         f"the manifest or set 'runner_dialect' to 'auto'")
     assert len(dev.help_calls()) == 1
     assert dev.runner_calls() == ([dev.runner_calls()[0]] if cached else [])  # the refused one never ran

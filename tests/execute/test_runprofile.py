@@ -45,10 +45,10 @@ def test_qnn_v10_command_line():
 
 
 def test_shared_buffer_dialect_takes_smartmask_only():
-    argv, _ = runner_argv(_bundle("qnn-shared-buffer"), RunRequest(prompts=["x"]), "runs/r")
+    argv, _ = runner_argv(_bundle("qnn-v1.4"), RunRequest(prompts=["x"]), "runs/r")
     assert "--shared_buffer" in argv and "--kv_updater" not in argv
-    with pytest.raises(UsageError, match="qnn-shared-buffer.*ShiftPointer"):
-        runner_argv(_bundle("qnn-shared-buffer"), RunRequest(prompts=["x"], updater="ShiftPointer"),
+    with pytest.raises(UsageError, match="qnn-v1.4.*ShiftPointer"):
+        runner_argv(_bundle("qnn-v1.4"), RunRequest(prompts=["x"], updater="ShiftPointer"),
                     "runs/r")
 
 

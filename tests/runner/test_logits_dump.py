@@ -182,5 +182,5 @@ def test_a_run_names_the_dtype_of_its_runners_dump():
     from farm.vocab import Dialect
 
     assert np.dtype(logits_dtype(Dialect.HOST)) == dtype_for(host_runner=True)
-    for dialect in (Dialect.QNN_V1_0, Dialect.QNN_SHARED_BUFFER):
+    for dialect in (Dialect.QNN_V1_0, Dialect.QNN_V1_4):
         assert np.dtype(logits_dtype(dialect)) == dtype_for(host_runner=False)

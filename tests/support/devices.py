@@ -97,7 +97,7 @@ def make_qnn_bundle(root: Path, name: str = "fake-qnn", *, dialect: str = "qnn-v
 def bundles_per_dialect(root: Path, prefix: str) -> dict[str, Path]:
     """One fake bundle per QNN runner dialect: {dialect: manifest}."""
     return {d: make_qnn_bundle(root / d, name=f"{prefix}-{d}", dialect=d)
-            for d in ("qnn-v1.0", "qnn-shared-buffer")}
+            for d in ("qnn-v1.0", "qnn-v1.4")}
 
 
 @contextlib.contextmanager

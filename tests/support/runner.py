@@ -48,8 +48,8 @@ def end_on(monkeypatch, token: int) -> None:
     an end token where the test chooses."""
     init = template_mod.PromptTemplate.__init__
 
-    def with_end_token(self, tokenizer, version):
-        init(self, tokenizer, version)
+    def with_end_token(self, tokenizer, version, *args):
+        init(self, tokenizer, version, *args)
         self.eos_ids.add(token)
 
     monkeypatch.setattr(template_mod.PromptTemplate, "__init__", with_end_token)

@@ -216,4 +216,4 @@ farm-llama-runner: a host stand-in for qnn_llama_runner v1.0.1 (ExecuTorch): the
 """
 
 # The --help of the release each QNN dialect stands for (what the fake runners answer).
-BY_DIALECT = {"qnn-v1.0": QNN_V1_0_1, "qnn-shared-buffer": QNN_V1_1_0}
+BY_DIALECT = {"qnn-v1.0": QNN_V1_0_1, "qnn-v1.4": QNN_V1_1_0}
