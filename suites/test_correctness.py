@@ -39,6 +39,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize("point", [pytest.param(None, id="no-lookahead",
                                                         marks=pytest.mark.skip(reason=reason))])
             return
+    if metafunc.definition.originalname == "test_kv_matches_hybrid":
+        modes = ensure_run(metafunc.config).bundle.modes
+        points = [p for p in points if modes[p.mode].eval_mode == EvalMode.KV.number]
+        if not points or not any(m.eval_mode == EvalMode.HYBRID.number for m in modes.values()):
+            reason = "the bundle has no kv mode (eval_mode 0) and hybrid mode to compare"
+            metafunc.parametrize("point", [pytest.param(None, id="no-kv-and-hybrid",
+                                                        marks=pytest.mark.skip(reason=reason))])
+            return
     metafunc.parametrize("point", [pytest.param(p, id=p.id, marks=[pytest.mark.gate] if p.case.gate
                                                 else []) for p in points])
 
@@ -101,6 +109,41 @@ def test_lookahead_matches_hybrid(llm, point):
             else "hybrid mode generated no text: nothing to check lookahead decoding against"
         problem = problem and f"lookahead decoding against hybrid mode's text: {problem}"
     assert problem is None, f"{problem} ({updater}, on {llm.device.serial})"
+
+
+@pytest.mark.release
+def test_kv_matches_hybrid(llm, point):
+    """Where the runner has one updater (qnn-v1.4: nothing to compare the updaters with), its two
+    programs are compared instead: at temperature 0 the kv program (one token a step) and the hybrid
+    program (the prompt in chunks, then the same decode) must write the same tokens for a case."""
+    if len(llm.updaters) > 1:
+        pytest.skip(f"runner dialect {llm.bundle.runner_dialect!r} has both updaters: test_updaters_agree "
+                    "compares the two in every mode")
+    hybrid = next(name for name, m in sorted(llm.bundle.modes.items())
+                  if m.eval_mode == EvalMode.HYBRID.number)
+    prompt = point.prompt(llm.bundle)
+    try:  # a case sized for kv mode ('long': the longest prompt kv takes) may not fit hybrid's chunks
+        check_prompt_fits(llm.bundle, prompt, hybrid, point.seq_len, what=f"case {point.case.name!r}")
+    except UsageError as e:
+        pytest.skip(f"{e}: nothing to compare kv mode with")
+    llm.record("case", point.case.name)
+    updater = llm.updaters[0]
+    kv = llm.generate(prompt, updater=updater, mode=point.mode, seq_len=point.seq_len)
+    other = llm.generate(prompt, updater=updater, mode=hybrid, seq_len=point.seq_len)
+    if kv.generated_ids is not None and other.generated_ids is not None:
+        same, what = kv.generated_ids == other.generated_ids, "token ids"
+    else:  # a runner that writes no token ids: the text after the echo
+        version, upstream = llm.bundle.decoder_model_version, llm.dialect.templates
+        a, b = (generated_text(r.text, prompt, version, upstream) for r in (kv, other))
+        same, what = a == b, "text"
+        if not a:
+            pytest.fail("kv mode generated no text: nothing to compare hybrid mode with", pytrace=False)
+    if not same:
+        pytest.fail(f"kv and hybrid mode write different {what} for case {point.case.name!r} "
+                    f"(seq_len {point.seq_len}, {updater}, on {llm.device.serial}):\n"
+                    f"  kv:     {generated_text(kv.text, prompt, llm.bundle.decoder_model_version, llm.dialect.templates)[:200]!r}\n"
+                    f"  hybrid: {generated_text(other.text, prompt, llm.bundle.decoder_model_version, llm.dialect.templates)[:200]!r}",
+                    pytrace=False)
 
 
 @pytest.mark.release
