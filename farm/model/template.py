@@ -110,11 +110,17 @@ def families(upstream: str = V1_0_1) -> dict[str, ChatTemplate]:
                          f"{', '.join(TEMPLATES)}") from None
 
 
+# decoder_constants.py v1.4.1's versions that qnn_multimodal_runner runs, not qnn_llama_runner.
+MULTIMODAL_VERSIONS = ("granite_speech", "smolvlm", "internvl3")
+
+
 def check_version(version: str, upstream: str = V1_0_1) -> None:
     known = families(upstream)
     if version not in known:
+        hint = ("; it is a version of qnn_multimodal_runner, which the farm does not emulate yet"
+                if version in MULTIMODAL_VERSIONS else "")
         raise UsageError(f"--decoder_model_version: unsupported {version!r} (qnn_llama_runner {upstream} "
-                         f"knows {', '.join(known)})")
+                         f"knows {', '.join(known)}){hint}")
 
 
 def format_prompt(prompt: str, system_prompt: str, version: str, upstream: str = V1_0_1) -> str:

@@ -96,8 +96,9 @@ def test_a_version_qnn_llama_runner_does_not_take_is_refused_naming_what_it_take
     from farm.errors import UsageError
     from farm.model.template import format_prompt
 
-    with pytest.raises(UsageError, match=f"unsupported '{version}' \\(qnn_llama_runner v1.4.1 knows llama2, "):
+    with pytest.raises(UsageError, match=f"unsupported '{version}' \\(qnn_llama_runner v1.4.1 knows llama2, ") as e:
         format_prompt("P", "", version, "v1.4.1")
+    assert ("qnn_multimodal_runner" in str(e.value)) == (version in CORPUS["families"]["multimodal"])
 
 
 @pytest.mark.parametrize("case", [e for e in CORPUS["echo"] if not e["system_prompt"]], ids=_ids("echo"))
