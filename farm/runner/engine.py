@@ -20,6 +20,7 @@ import torch
 from farm.errors import UsageError
 from farm.model.llama import MASK_MIN, causal_block
 from farm.model.template import PromptTemplate, check_version
+from farm.runner import io_v14
 from farm.runner.io_manager import UPDATERS, ContextFull, IoMgr, KVShape
 from farm.runner.lookahead import LookaheadConfig, LookaheadState
 from farm.runner.timing import WallClock
@@ -130,6 +131,11 @@ class LlamaRunner:
         # kv_method: what eval_mode 0 runs, v1.0.1's `forward` or v1.4.1's `kv_forward` (runner.cpp
         # v1.4.1:165-169), whichever release the runner is (farm/runner/releases.py)
         methods = (kv_method, kv_method) if eval_mode == EvalMode.KV.number else METHODS[eval_mode]
+        # The layout is the program's: 1.4.1's (one cache per layer, farm/runner/io_v14.py), whose
+        # methods are 1.4.1's whatever the release, or v1.0.1's.
+        self.v14 = io_v14.is_v14(self.program)
+        if self.v14:
+            methods = io_v14.METHODS[eval_mode]
         if missing := [m for m in methods if m not in names]:
             raise UsageError(f"--model_path: {model_path} has no method {missing[0]!r} needed by "
                              f"--eval_mode {eval_mode} (it has: {', '.join(sorted(names))})")
@@ -139,8 +145,8 @@ class LlamaRunner:
         self.prefill = self.program.load_method(prefill_name)
         self.decode = self.program.load_method(decode_name)
         self.shape, self.vocab_size = self._read_shape(model_path)
-        self.prefill_ar = self.prefill.metadata.input_tensor_meta(0).sizes()[1]
-        self.decode_ar = self.decode.metadata.input_tensor_meta(0).sizes()[1]
+        ar_len = io_v14.ar_len if self.v14 else (lambda m: m.metadata.input_tensor_meta(0).sizes()[1])
+        self.prefill_ar, self.decode_ar = ar_len(self.prefill), ar_len(self.decode)
         self.lookahead = None
         if eval_mode == LOOKAHEAD:
             cfg = lookahead or LookaheadConfig(0, 0, 0)
@@ -150,6 +156,8 @@ class LlamaRunner:
             raise UsageError(f"--model_path: method {decode_name!r} has ar_len {self.decode_ar}, "
                              "expected 1")
         self.eval_mode = eval_mode
+        if self.v14:
+            io_mgr_cls = io_v14.updater_for(io_mgr_cls)
         self.io = io_mgr_cls(self.shape, [self.prefill_ar, self.decode_ar])
         self.delay_s = _runner_delay_s()
         # The clock the stats read: the host's, or a simulated phone's (farm/runner/timing.py), set
@@ -167,14 +175,19 @@ class LlamaRunner:
                 raise UsageError(f"--model_path: {model_path} lacks metadata method {name!r}")
             return int(self.program.load_method(name).execute([])[0])
 
-        shape = KVShape(n_layers=const("get_n_layers"), n_kv_heads=const("get_n_kv_heads"),
-                        head_dim=const("get_head_dim"), max_seq_len=const("get_max_seq_len"))
         meta = self.decode.metadata
-        expected = 3 + 2 * shape.n_caches
-        if meta.num_inputs() != expected:
-            raise UsageError(f"--model_path: {model_path} has {meta.num_inputs()} inputs, the static "
-                             f"llama contract needs {expected}")
-        vocab = const("get_vocab_size")
+        if self.v14:  # runner.cpp v1.4.1:221-249: from the token generator's shapes, n_layers metadata
+            shape, vocab = io_v14.read_shape(self.program, meta, const("get_n_layers"))
+            if wrong := io_v14.check_inputs(meta, shape, f"--model_path: {model_path}"):
+                raise UsageError(wrong)
+        else:
+            shape = KVShape(n_layers=const("get_n_layers"), n_kv_heads=const("get_n_kv_heads"),
+                            head_dim=const("get_head_dim"), max_seq_len=const("get_max_seq_len"))
+            expected = 3 + 2 * shape.n_caches
+            if meta.num_inputs() != expected:
+                raise UsageError(f"--model_path: {model_path} has {meta.num_inputs()} inputs, the "
+                                 f"static llama contract needs {expected}")
+            vocab = const("get_vocab_size")
         if vocab != self.tokenizer.n_words:
             raise UsageError(f"--tokenizer_path: tokenizer has {self.tokenizer.n_words} tokens, "
                              f"the model's vocabulary is {vocab}")
@@ -331,6 +344,8 @@ class LlamaRunner:
     def _keep_rows(self, outputs, rows: list[int]) -> None:
         """Cache the K/V entries of the rows sampled, in order (kv_manager.cpp update_cache with
         ``selected``): they become the next positions."""
+        if self.v14:
+            return self.io.keep_rows(outputs, rows)
         m = self.shape.n_caches
         index = torch.tensor(rows)
         new_k = [k.index_select(2, index) for k in outputs[1 : 1 + m]]
