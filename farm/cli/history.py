@@ -22,7 +22,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from farm.cli.options import config_option, farm_config, json_option, pool_url_option
+from farm.cli.options import (config_option, farm_config, json_option, older_than_days, older_than_option,
+                               pool_url_option)
 from farm.cli.progress import console as cli_console
 from farm.errors import UsageError
 from farm.results.records import QualificationResults
@@ -270,17 +271,13 @@ def results() -> None:
 
 
 @results.command("prune")
-@click.option("--older-than", "days", type=float, default=None, metavar="DAYS",
-              help="Delete runs that started longer ago than this [default: the config's "
+@older_than_option("Delete runs that started longer ago than this [default: the config's "
                    "results.retention_days, 180].")
 @_store_options
 def results_prune(days: float | None) -> None:
     """Delete old runs with their tests and measurements; named baselines are kept."""
     config = farm_config()
-    if days is None:
-        days = config.results.retention_days
-    elif not (math.isfinite(days) and days > 0):
-        raise UsageError(f"--older-than: must be a finite number of days > 0, got {days!r}")
+    days = older_than_days(days, config.results.retention_days)
     with ResultsStore.open(results_url(config)) as store:
         pruned = store.prune(days)
     click.echo(f"pruned {len(pruned)} run(s) older than {days:g} day(s)"

@@ -8,12 +8,14 @@ and commands read them with :func:`farm_config`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
 import click
 
 from farm.config import FarmConfig, load_config
+from farm.errors import UsageError
 
 CONFIG_KEY = "ptefarm.config_path"
 POOL_URL_KEY = "ptefarm.pool_url"
@@ -37,6 +39,23 @@ pool_url_option = click.option(
     help="Pool URL, overriding the config's pool.url.")
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+def older_than_option(help: str):
+    """``--older-than DAYS`` of a ``prune`` command; not given (None), the config's retention applies
+    (``older_than_days``), so ``help`` names its setting."""
+    return click.option("--older-than", "days", type=float, default=None, metavar="DAYS", help=help)
+
+
+def older_than_days(days: float | None, retention_days: float, *, allow_zero: bool = False) -> float:
+    """The days a ``prune`` keeps: ``--older-than``'s, checked (UsageError naming the flag), else the
+    config's ``retention_days``."""
+    if days is None:
+        return retention_days
+    if not (math.isfinite(days) and (days >= 0 if allow_zero else days > 0)):
+        raise UsageError(f"--older-than: must be a finite number of days {'>=' if allow_zero else '>'} 0, "
+                         f"got {days!r}")
+    return days
 
 
 def config_path() -> str | None:

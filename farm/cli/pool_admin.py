@@ -13,14 +13,13 @@ and one that dies goes offline within the interval.
 
 from __future__ import annotations
 
-import math
 import signal
 import threading
 import time
 
 import click
 
-from farm.cli.options import config_option, farm_config, pool_url_option
+from farm.cli.options import config_option, farm_config, older_than_days, older_than_option, pool_url_option
 from farm.config import finite_seconds
 from farm.errors import InfraError, UsageError
 from farm.pool import Pool
@@ -49,8 +48,7 @@ def tag(serial: str, tags: tuple[str, ...], remove: bool) -> None:
 
 
 @click.command("prune")
-@click.option("--older-than", "days", type=float, default=None, metavar="DAYS",
-              help="Drop devices offline for longer than this many days [default: the config's "
+@older_than_option("Drop devices offline for longer than this many days [default: the config's "
                    "pool.retention_days].")
 @_pool_options
 def prune(days: float | None) -> None:
@@ -58,10 +56,7 @@ def prune(days: float | None) -> None:
 
     A device with a live lease is kept, and so is a quarantined one (restore it first)."""
     config = farm_config()
-    if days is None:
-        days = config.pool.retention_days
-    elif not (math.isfinite(days) and days >= 0):
-        raise UsageError(f"--older-than: must be a finite number of days >= 0, got {days!r}")
+    days = older_than_days(days, config.pool.retention_days, allow_zero=True)
     with Pool.from_config(config) as pool:
         pruned = pool.prune(days * 86400)
     click.echo(f"pruned {len(pruned)} device(s) offline for over {days:g} day(s)"
