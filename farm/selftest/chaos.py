@@ -84,6 +84,17 @@ def scenario(name: str, fault: str, injected: str, expected: str) -> Callable[[C
     return register
 
 
+def fault_of(judge: Callable[[Lab, Callable[..., str]], Observation], name: str, fault: str, injected: str,
+             expected: str) -> Callable[[Callable[..., str]], Callable[..., str]]:
+    """Declare the function below as what scenario ``name`` breaks (it breaks it and says how), and
+    ``judge(lab, that function)`` as its run: scenarios that expect the same of the farm share one
+    judge, and each says only its fault."""
+    def register(inject: Callable[..., str]) -> Callable[..., str]:
+        scenario(name, fault, injected, expected)(lambda lab: judge(lab, inject))
+        return inject
+    return register
+
+
 # -- the lab --------------------------------------------------------------------------------------
 
 class Lab:
@@ -217,14 +228,14 @@ def _kept(obs: Observation, lab: Lab, expected: list[str]) -> dict[str, str]:
 
 # -- scenarios --------------------------------------------------------------------------------------
 
-def _retry_elsewhere(lab: Lab, inject: Callable[[list], str], *, victim_offline: bool = True,
+def _retry_elsewhere(lab: Lab, inject: Callable[[Lab, list], str], *, victim_offline: bool = True,
                      args: tuple[str, ...] = ()) -> Observation:
-    """Two SM8650s, one test; ``inject(devices)`` breaks the first device the test gets and returns a
-    description. Expected: an infrastructure error, a re-run on the other device that passes."""
+    """Two SM8650s, one test; ``inject(lab, devices)`` breaks the first device the test gets and returns
+    a description. Expected: an infrastructure error, a re-run on the other device that passes."""
     obs = Observation()
     devices = lab.devices("SM8650", "SM8650")
     lab.test_file(["Once upon a time"])
-    described = inject(devices)
+    described = inject(lab, devices)
     proc = lab.pytest(*args)
     outcomes = _kept(obs, lab, ["test_generate[SM8650-Once upon a time]"])
     [record] = lab.records() or [{}]
@@ -258,35 +269,29 @@ def _on_first(lab: Lab, devices: list, pattern: str, action: Callable) -> None:
         lab.when_path_appears(d.root / "data", pattern, lambda d=d: once(d))
 
 
-@scenario("killed-during-deploy", "device killed during deploy",
+@fault_of(_retry_elsewhere, "killed-during-deploy", "device killed during deploy",
           "SIGKILL of the device process when a push starts",
           "infra error, re-run on another device, device offline")
-def killed_during_deploy(lab: Lab) -> Observation:
-    def inject(devices):
-        for d in devices:  # slow enough that the kill lands inside the push
-            lab.vf.set_faults(d.serial, slow_bytes_per_s=400_000)
-        _on_first(lab, devices, "*.ptefarm-partial*", lambda d: lab.vf.kill(d.serial))
-        return "device process SIGKILLed while a .pte was being pushed"
-    return _retry_elsewhere(lab, inject)
+def killed_during_deploy(lab: Lab, devices: list) -> str:
+    for d in devices:  # slow enough that the kill lands inside the push
+        lab.vf.set_faults(d.serial, slow_bytes_per_s=400_000)
+    _on_first(lab, devices, "*.ptefarm-partial*", lambda d: lab.vf.kill(d.serial))
+    return "device process SIGKILLed while a .pte was being pushed"
 
 
-@scenario("killed-during-run", "device killed during a run",
+@fault_of(_retry_elsewhere, "killed-during-run", "device killed during a run",
           "SIGKILL of the device process when the runner starts",
           "infra error, re-run on another device, device offline")
-def killed_during_run(lab: Lab) -> Observation:
-    def inject(devices):
-        _on_first(lab, devices, "runner.pid", lambda d: lab.vf.kill(d.serial))
-        return "device process SIGKILLed once the runner started"
-    return _retry_elsewhere(lab, inject)
+def killed_during_run(lab: Lab, devices: list) -> str:
+    _on_first(lab, devices, "runner.pid", lambda d: lab.vf.kill(d.serial))
+    return "device process SIGKILLed once the runner started"
 
 
-@scenario("unplugged", "device unplugged", "`adb disconnect` when the runner starts",
+@fault_of(_retry_elsewhere, "unplugged", "device unplugged", "`adb disconnect` when the runner starts",
           "infra error, re-run on another device, device offline")
-def unplugged_during_run(lab: Lab) -> Observation:
-    def inject(devices):
-        _on_first(lab, devices, "runner.pid", lambda d: lab.vf.server.disconnect(d.serial))
-        return "`adb disconnect` of the device once the runner started"
-    return _retry_elsewhere(lab, inject)
+def unplugged_during_run(lab: Lab, devices: list) -> str:
+    _on_first(lab, devices, "runner.pid", lambda d: lab.vf.server.disconnect(d.serial))
+    return "`adb disconnect` of the device once the runner started"
 
 
 @scenario("slow-link", "link slowed", "every stream throttled to 300 kB/s", "completes; not quarantined")
@@ -334,7 +339,7 @@ def storage_full(lab: Lab) -> Observation:
 @scenario("runner-hangs", "runner hangs", "hang fault on the runner command, 5 s run timeout",
           "killed at the timeout, re-run elsewhere, device usable")
 def runner_hangs(lab: Lab) -> Observation:
-    def inject(devices):
+    def inject(lab: Lab, devices: list) -> str:
         hung, good = devices
         lab.vf.set_faults(hung.serial, hang_commands="farm-llama-runner")
         lab.touch(good.serial)  # the pool hands out the least recently used device: the hung one
@@ -429,42 +434,36 @@ def _refused_before_lease(lab: Lab, damage: Callable[[Path], str]) -> Observatio
     return obs
 
 
-@scenario("corrupted-pte", "corrupted .pte, same size", "one byte flipped in a copy of the bundle",
-          "refused before any lease, naming file and digests")
-def corrupted_pte(lab: Lab) -> Observation:
-    def damage(copy: Path) -> str:
-        pte = copy / "kv_llama_xnnpack.pte"
-        data = bytearray(pte.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        pte.write_bytes(bytes(data))
-        return "one byte of kv_llama_xnnpack.pte flipped (same size)"
-    return _refused_before_lease(lab, damage)
+@fault_of(_refused_before_lease, "corrupted-pte", "corrupted .pte, same size",
+          "one byte flipped in a copy of the bundle", "refused before any lease, naming file and digests")
+def corrupted_pte(copy: Path) -> str:
+    pte = copy / "kv_llama_xnnpack.pte"
+    data = bytearray(pte.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pte.write_bytes(bytes(data))
+    return "one byte of kv_llama_xnnpack.pte flipped (same size)"
 
 
-@scenario("truncated-pte", "truncated .pte", "the .pte cut to 1000 bytes",
+@fault_of(_refused_before_lease, "truncated-pte", "truncated .pte", "the .pte cut to 1000 bytes",
           "refused before any lease, naming the file")
-def truncated_pte(lab: Lab) -> Observation:
-    def damage(copy: Path) -> str:
-        pte = copy / "kv_llama_xnnpack.pte"
-        pte.write_bytes(pte.read_bytes()[:1000])
-        return "kv_llama_xnnpack.pte truncated to 1000 bytes"
-    return _refused_before_lease(lab, damage)
+def truncated_pte(copy: Path) -> str:
+    pte = copy / "kv_llama_xnnpack.pte"
+    pte.write_bytes(pte.read_bytes()[:1000])
+    return "kv_llama_xnnpack.pte truncated to 1000 bytes"
 
 
-@scenario("path-outside", "path outside the bundle", "a manifest entry ../../etc/passwd",
+@fault_of(_refused_before_lease, "path-outside", "path outside the bundle", "a manifest entry ../../etc/passwd",
           "refused before any lease")
-def path_outside_bundle(lab: Lab) -> Observation:
-    def damage(copy: Path) -> str:
-        manifest = copy / "manifest.json"
-        raw = json.loads(manifest.read_text())
-        target = Path("/etc/passwd")
-        raw["files"].append({"name": "extra.bin", "path": os.path.relpath(target, copy),
-                             "size": target.stat().st_size,
-                             "sha256": describe_file(copy, target, role="other").sha256,
-                             "role": "other"})
-        manifest.write_text(json.dumps(raw))
-        return "a manifest entry ../../etc/passwd with matching size and sha256"
-    return _refused_before_lease(lab, damage)
+def path_outside_bundle(copy: Path) -> str:
+    manifest = copy / "manifest.json"
+    raw = json.loads(manifest.read_text())
+    target = Path("/etc/passwd")
+    raw["files"].append({"name": "extra.bin", "path": os.path.relpath(target, copy),
+                         "size": target.stat().st_size,
+                         "sha256": describe_file(copy, target, role="other").sha256,
+                         "role": "other"})
+    manifest.write_text(json.dumps(raw))
+    return "a manifest entry ../../etc/passwd with matching size and sha256"
 
 
 @scenario("adb-server-killed", "adb server killed mid-run",
