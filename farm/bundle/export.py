@@ -38,7 +38,7 @@ from farm.model.tokenizer import (
 )
 
 # Bump when the exported programs or the bundle layout change in a way the cache must not hide.
-EXPORTER_VERSION = "3"  # 2: the lookahead program; 3: attention without a broadcast copy
+EXPORTER_VERSION = "4"  # 2: the lookahead program; 3: attention without a broadcast copy; 4: UTF-8 output (LlamaConfig.partial_pieces)
 KV_PTE = "kv_llama_xnnpack.pte"
 HYBRID_PTE = "hybrid_llama_xnnpack.pte"
 LOOKAHEAD_PTE = "lookahead_llama_xnnpack.pte"
@@ -207,8 +207,17 @@ def write_tokenizer(cfg: LlamaConfig, out: Path) -> tuple[str, LlamaConfig]:
         n_base = len(ranks)
     from farm.model.tokenizer import load_tokenizer
 
-    n_words = load_tokenizer(out / tokenizer).n_words
-    return tokenizer, replace(cfg, vocab_size=n_words, n_base_tokens=n_base)
+    tok = load_tokenizer(out / tokenizer)
+    partial = tuple(i for i in range(n_base) if not _is_utf8(tok.piece(i)))
+    return tokenizer, replace(cfg, vocab_size=tok.n_words, n_base_tokens=n_base, partial_pieces=partial)
+
+
+def _is_utf8(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def quietly(run: Callable[[], None]) -> None:

@@ -57,7 +57,7 @@ from farm.bundle.manifest import Bundle, Mode, describe_file
 from farm.model.config import LlamaConfig
 
 LAYOUT = "v1.4"
-EXPORTER_VERSION = "1"
+EXPORTER_VERSION = "2"  # 2: UTF-8 output (LlamaConfig.partial_pieces)
 KV_PTE = "kv_llama_qnn.pte"
 HYBRID_PTE = "hybrid_llama_qnn.pte"
 LOOKAHEAD_PTE = "lookahead_llama_qnn.pte"

@@ -24,6 +24,12 @@ class LlamaConfig:
     # tokens, farm/model/template.py) and the tokenizer's format (farm/model/tokenizer.py FORMATS).
     decoder_model_version: str = "llama3"
     tokenizer_format: str = "tiktoken"
+    # Filled in from the tokenizer: the text tokens whose piece alone is not UTF-8 (a byte-level BPE's
+    # lone bytes 0x80-0xFF and merges of them). The reference never writes them (their logits are
+    # biased down as the special tokens' are), so what it writes is UTF-8 text, as upstream's
+    # evaluators read outputs.txt (device_evaluator.py post_process_model_output); prompts still
+    # encode every byte.
+    partial_pieces: tuple[int, ...] = ()
 
     @property
     def head_dim(self) -> int:

@@ -133,6 +133,7 @@ class LlamaWeights(nn.Module):
             p.copy_(torch.randn(p.shape, generator=gen) * gain / math.sqrt(fan_in))
         self.output.bias.zero_()
         self.output.bias[self.cfg.n_base_tokens:] = SPECIAL_LOGIT_BIAS
+        self.output.bias[list(self.cfg.partial_pieces)] = SPECIAL_LOGIT_BIAS  # see LlamaConfig
 
 
 class StaticLlama(nn.Module):
