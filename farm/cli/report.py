@@ -10,6 +10,7 @@ those, or a baseline's name (``farm baseline set RUN --name v1.0``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,10 @@ def open_store(config_path: str | None = None) -> Any:
     return ResultsStore.open(results_url(load_config(config_path)))
 
 
-def _from_file(source: str, what: str) -> QualificationResults | None:
+def _run_at(source: str, what: str, config_path: str | None,
+            stored: Callable[[Any], QualificationResults]) -> QualificationResults:
+    """The run ``source`` names: a report directory or a results.json where the path exists (it wins
+    over a run id or a baseline name spelt the same), else ``stored(store)`` of the results store."""
     path = Path(source)
     if path.is_dir():
         if not (path / "results.json").is_file():
@@ -60,27 +64,23 @@ def _from_file(source: str, what: str) -> QualificationResults | None:
         return load_results(path / "results.json")
     if path.is_file():
         return load_results(path)
-    return None
+    with open_store(config_path) as store:
+        return stored(store)
 
 
 def load_run(source: str, *, config_path: str | None = None, what: str = "RUN") -> QualificationResults:
     """A run from a report directory, a results.json or a run id of the results store."""
-    found = _from_file(source, what)
-    if found is not None:
-        return found
-    with open_store(config_path) as store:
+    def by_id(store: Any) -> QualificationResults:
         try:
             return store.load_run(source)
         except UsageError as e:
             raise UsageError(f"{what} {source!r}: no such report directory or results.json, and {e}") from None
+    return _run_at(source, what, config_path, by_id)
 
 
 def load_baseline(source: str, *, config_path: str | None = None, what: str = "--compare") -> QualificationResults:
     """A baseline: anything ``load_run`` takes, or the name of a baseline in the results store."""
-    found = _from_file(source, what)
-    if found is not None:
-        return found
-    with open_store(config_path) as store:
+    def by_name_or_id(store: Any) -> QualificationResults:
         try:
             run = store.baseline(source)
         except UsageError as by_name:
@@ -91,6 +91,7 @@ def load_baseline(source: str, *, config_path: str | None = None, what: str = "-
                                  f"run, and {by_name}") from None
         run.meta = {**run.meta, "baseline_name": source}
         return run
+    return _run_at(source, what, config_path, by_name_or_id)
 
 
 def latest_baseline(bundle: str, *, config_path: str | None = None) -> QualificationResults | None:
