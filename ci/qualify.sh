@@ -9,6 +9,11 @@
 #                 farm/selftest/upstream.py with goldens from the host runner), `farm bundle create
 #                 --dialect qnn-v1.0`d: driven with upstream's flags only, read from outputs.txt,
 #                 inference_speed.txt and stdout
+#   upstream-v1.4 tiny's programs exported in ExecuTorch 1.4.1's layout (kv_forward, prefill_forward,
+#                 its metadata methods; farm export --layout v1.4) under 1.4.1's names, with a
+#                 qnn_llama_runner that is v1.4.1's (--shared_buffer, no --kv_updater, 1.4.1's
+#                 templates and observer line), `farm bundle create --dialect qnn-v1.4`d: SmartMask
+#                 only, checked against goldens                             -> reports/latest-upstream-v1.4
 #   small         reference bundle with a KV cache of 4096 (upstream's SM8650 measurement), on two
 #                 simulated SM8650s (--virtual-timing phone: every figure SIMULATED): the long-context
 #                 cases (suites/data/long_context.toml: both updaters to the end of the 4096 context)
@@ -41,14 +46,13 @@ if [ "$chosen" -eq 1 ]; then
   exit 0
 fi
 
-UPSTREAM=.farm/qualify-upstream  # staged anew by each run
-upstream_bundle() {  # stage upstream's folders from the tiny export, `farm bundle create` them
-  rm -rf "$UPSTREAM"
-  local args
-  args=$(python -m farm.selftest.upstream "$UPSTREAM/folders" --model tiny \
-    --goldens "$UPSTREAM/bundle/goldens.toml") || return
+upstream_bundle() {  # DIR LAYOUT DIALECT NAME: stage upstream's folders from the tiny export, `farm bundle create` them
+  local dir=$1 layout=$2 dialect=$3 name=$4 args
+  rm -rf "$dir"  # staged anew by each run
+  args=$(python -m farm.selftest.upstream "$dir/folders" --model tiny --layout "$layout" \
+    --goldens "$dir/bundle/goldens.toml") || return
   mapfile -t args <<<"$args"  # --artifact, --build-folder, --qnn-sdk, --htp-arch ..., one per line
-  farm bundle create "$UPSTREAM/bundle/manifest.json" --name upstream-tiny --dialect qnn-v1.0 \
+  farm bundle create "$dir/bundle/manifest.json" --name "$name" --dialect "$dialect" \
     "${args[@]}"  # it warns that a phone could load none of the stand-ins
 }
 
@@ -72,8 +76,12 @@ leg() {  # MODEL: one qualification; its exit code in $state/MODEL.code
   [ "$model" = tiny ] || out=reports/latest-$model
   mkdir -p reports
   {
-    if [ "$model" = upstream ]; then
-      if upstream_bundle; then qualify "$out" --bundle "$UPSTREAM/bundle/manifest.json" & else c=$?; (exit "$c") & fi
+    if [ "$model" = upstream ] || [ "$model" = upstream-v1.4 ]; then
+      local dir=.farm/qualify-$model layout=v1.0 dialect=qnn-v1.0
+      [ "$model" = upstream ] || { layout=v1.4; dialect=qnn-v1.4; }
+      if upstream_bundle "$dir" "$layout" "$dialect" "$model-tiny"; then
+        qualify "$out" --bundle "$dir/bundle/manifest.json" &
+      else c=$?; (exit "$c") & fi
     elif [ "$model" = small ]; then
       to_pytest=(${pytest_args[@]+"${pytest_args[@]}"})  # from `--` on, to which the cases file is added
       [ "${#to_pytest[@]}" -gt 0 ] || to_pytest=(--)
@@ -98,7 +106,7 @@ lane() {  # MODEL...: one after another; an interrupted leg ends the lane
 
 # Balanced by measurement (tiny ~45 s, tiny-qwen2_5 ~50 s, upstream ~30 s, small ~60 s alone, each with
 # its export): the small leg's long runs beside the first lane's three.
-lane tiny upstream &
+lane tiny upstream upstream-v1.4 &
 lanes=($!)
 lane small tiny-qwen2_5 &
 lanes+=($!)

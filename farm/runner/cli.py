@@ -141,13 +141,9 @@ def unknown_flag(argv: list[str], release: Release) -> str | None:
     return None
 
 
-class GflagsExit(Exception):
-    """What gflags prints and exits with on a command line it refuses (gflags.cc ParseNewCommandLineFlags:
-    "ERROR: unknown command line flag 'NAME'", then exit 1)."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
+class GflagsExit(UsageError):
+    """A command line gflags refuses: printed as gflags prints it, then exit 1 (gflags.cc
+    ParseNewCommandLineFlags: "ERROR: unknown command line flag 'NAME'"), not as our own refusals."""
 
 
 def run(argv: list[str]) -> int:
@@ -191,6 +187,11 @@ def run(argv: list[str]) -> int:
                          args.decoder_model_version, dump_logits=bool(args.dump_logits_path),
                          lookahead=LookaheadConfig(args.ngram, args.window, args.gcap), seed=args.seed,
                          upstream=release.templates, kv_method=release.kv_method)
+    if release.v14_layout_only and not runner.v14:
+        # What a phone's v1.4.1 runner cannot read either: it takes the mask's sizes[3] and a cache per
+        # layer from the shapes, which v1.0.1's programs (a 3-D mask, a cache per head) do not have.
+        raise UsageError(f"--model_path: {args.model_path} is in v1.0.1's I/O layout (a 3-D mask, a cache "
+                         "per layer and head): qnn_llama_runner v1.4.1 runs 1.4.1's (farm export --layout v1.4)")
     gen = torch.Generator().manual_seed(args.seed)
     text = bytearray()
     last_iteration = []
@@ -229,11 +230,9 @@ def exit_code(argv: list[str]) -> int:
     """Run in this process; the exit code (also what a zygote's child runs)."""
     try:
         return run(argv)
-    except GflagsExit as e:
-        print(e.message, file=sys.stderr)
-        return 1
-    except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+    except UsageError as e:  # ours: one line and exit 2; gflags' as gflags prints it, exit 1
+        line, code = (str(e), 1) if isinstance(e, GflagsExit) else (f"{PROG}: error: {e}", 2)
+        print(line, file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         return 130

@@ -159,6 +159,9 @@ class Release(NamedTuple):
     gflags_errors: bool
     updaters: tuple[str, ...]  # the KV updaters it can run: the first is what it runs by default
     kv_method: str  # the method eval_mode 0 runs: v1.0.1's `forward`, v1.4.1's `kv_forward` (RUN v1.4.1:165-169)
+    # it runs programs of 1.4.1's I/O layout only (a 4-D mask, one cache per layer: RUN v1.4.1:234-249
+    # read them so); the host release runs both (farm/runner/io_v14.py tells them apart)
+    v14_layout_only: bool
 
     def flag_infos(self) -> list[FlagInfo]:
         return [f.info(self.flags_file) for f in self.flags]
@@ -170,11 +173,12 @@ class Release(NamedTuple):
 HOST = Release("host", HOST_FLAGS, HOST_FLAGS_FILE,
                "a host stand-in for qnn_llama_runner v1.0.1 (ExecuTorch): the same flags, outputs.txt, "
                "inference_speed.txt and stdout", "v1.0.1", observer_rates=False, newline_at_limit=False,
-               gflags_errors=False, updaters=("SmartMask", "ShiftPointer"), kv_method="forward")
+               gflags_errors=False, updaters=("SmartMask", "ShiftPointer"), kv_method="forward",
+               v14_layout_only=False)
 # gflags' usage line when the program never calls SetUsageMessage, as qnn_llama_runner does not.
 V1_4_1 = Release("v1.4.1", V1_4_1_FLAGS, QLR_FILE, "Warning: SetUsageMessage() never called", "v1.4.1",
                  observer_rates=True, newline_at_limit=True, gflags_errors=True, updaters=("SmartMask",),
-                 kv_method="kv_forward")
+                 kv_method="kv_forward", v14_layout_only=True)
 RELEASES: dict[str, Release] = {r.name: r for r in (HOST, V1_4_1)}
 
 

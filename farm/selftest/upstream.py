@@ -174,17 +174,22 @@ def golden_prompts(cases_file: Path, names: tuple[str, ...] = GOLDEN_CASES) -> d
     return prompts
 
 
-def write_goldens(reference: Bundle, path: Path, prompts: dict[str, str]) -> Path:
+def write_goldens(reference: Bundle, path: Path, prompts: dict[str, str], upstream: str | None = None) -> Path:
     """goldens.toml at ``path``: for each case (name -> prompt) in each staged mode of ``reference``
     (kv, hybrid), the first GOLDEN_CHARS characters the host runner generates from the reference's
     program for that case's request as the correctness suite makes it (greedy, SmartMask, the default
     seq_len), as the suite reads them back (outputs.txt, UTF-8 with replacement, after the echoed
-    prompt)."""
+    prompt). ``upstream``: the release the bundle's runner is shown as (farm/runner/releases.py, e.g.
+    "v1.4.1"), whose flags and templates the goldens are generated with; None: farm-llama-runner's own."""
     import tempfile
 
     from farm.bundle.tokens import DEFAULT_SEQ_LEN, context_len
     from farm.model.template import format_prompt
     from farm.runner.cli import exit_code
+    from farm.runner.releases import EMULATE, HOST, RELEASES
+
+    release = RELEASES[upstream] if upstream else HOST
+    shown_as = [EMULATE + release.name] if upstream else []
 
     seq_len = min(DEFAULT_SEQ_LEN, context_len(reference))  # suites/cases.py case_points' default
     files = {f.name: f.path for f in reference.files}
@@ -196,17 +201,20 @@ def write_goldens(reference: Bundle, path: Path, prompts: dict[str, str]) -> Pat
                 if mode.eval_mode not in PTE_NAMES:
                     continue
                 out = Path(tmp) / f"{mode_name}-{name}.txt"
-                argv = ["--model_path", str(files[mode.pte]),
+                argv = [*shown_as, "--model_path", str(files[mode.pte]),
                         "--tokenizer_path", str(files[reference.tokenizer]),
                         "--decoder_model_version", reference.decoder_model_version, "--prompt", prompt,
                         "--seq_len", str(seq_len), "--temperature", "0.0",
-                        "--eval_mode", str(mode.eval_mode), "--kv_updater", "SmartMask",
+                        "--eval_mode", str(mode.eval_mode),
                         "--output_path", str(out), "--performance_output_path", str(Path(tmp) / "speed.txt")]
+                if release.has("kv_updater"):
+                    argv += ["--kv_updater", "SmartMask"]
                 code = exit_code(argv)
                 if code != 0:
                     raise RuntimeError(f"the host runner exited {code} on case {name!r} ({mode_name})")
                 text = out.read_bytes().decode("utf-8", errors="replace")
-                generated = text.removeprefix(format_prompt(prompt, "", reference.decoder_model_version))
+                generated = text.removeprefix(format_prompt(prompt, "", reference.decoder_model_version,
+                                                            release.templates))
                 if not generated.strip() or generated == text:
                     raise RuntimeError(f"case {name!r} ({mode_name}): no generated text after the "
                                        f"echoed prompt in {text[:200]!r}")
@@ -235,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from farm.bundle import manifest as bundle_mod
-    from farm.bundle.export import export_bundle
+    from farm.bundle import export, export_v14
     from farm.errors import UsageError
 
     p = argparse.ArgumentParser(prog="python -m farm.selftest.upstream", description=(
@@ -243,8 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         "export; print the `farm bundle create` arguments that describe them, one per line."))
     p.add_argument("root", type=Path, help="a directory that does not exist yet (or is empty)")
     p.add_argument("--model", default="tiny", help="reference model config [default: tiny]")
-    p.add_argument("--runner", choices=sorted(RUNNERS), default="v1.0.1",
-                   help="qnn_llama_runner: v1.0.1 (driven as qnn-v1.0) or the README's wrapper (host)")
+    p.add_argument("--runner", choices=sorted(RUNNERS), default=None,
+                   help="qnn_llama_runner: v1.0.1 (driven as qnn-v1.0), v1.4.1 (driven as qnn-v1.4) or the "
+                        "README's wrapper (host) [default: the layout's release]")
+    p.add_argument("--layout", choices=("v1.0", "v1.4"), default="v1.0",
+                   help="the programs' I/O layout: v1.0.1's reference export or 1.4.1's (farm export "
+                        "--layout v1.4) [default: v1.0]")
     p.add_argument("--goldens", type=Path, metavar="FILE",
                    help="also write goldens.toml here (text prefixes of the host runner's output)")
     p.add_argument("--cases", type=Path, metavar="FILE", default=Path("suites/data/correctness.toml"),
@@ -254,18 +266,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.prog}: {a.root} is not empty", file=sys.stderr)
         return 2
     try:
-        reference = bundle_mod.load(export_bundle(a.model), verify=True)
+        exporter = export_v14 if a.layout == "v1.4" else export
+        reference = bundle_mod.load(exporter.export_bundle(a.model), verify=True)
     except UsageError as e:
         print(f"{p.prog}: {e}", file=sys.stderr)
         return 2
-    folders = stage_upstream(reference, a.root, runner=RUNNERS[a.runner])
+    runner = a.runner or ("v1.4.1" if a.layout == "v1.4" else "v1.0.1")
+    folders = stage_upstream(reference, a.root, runner=RUNNERS[runner])
     if a.goldens:
         try:
             prompts = golden_prompts(a.cases)
         except (UsageError, OSError) as e:
             print(f"{p.prog}: {e}", file=sys.stderr)
             return 2
-        write_goldens(reference, a.goldens, prompts)
+        write_goldens(reference, a.goldens, prompts, upstream="v1.4.1" if runner == "v1.4.1" else None)
     print("\n".join(folders.create_args()))
     return 0
 

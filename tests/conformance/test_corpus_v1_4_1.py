@@ -18,6 +18,7 @@ from farm.runner import main as runner_main
 from farm.runner.engine import Stats
 from farm.runner.releases import EMULATE, V1_4_1
 from farm.vocab import Dialect
+from tests.support.bundle_v14 import tiny_v14_bundle  # noqa: F401  (a fixture)
 from tests.support.runner import paths
 
 CORPUS = tomllib.loads(Path(__file__).with_name("corpus_v1_4_1.toml").read_text(encoding="utf-8"))
@@ -163,11 +164,18 @@ def test_kv_mode_runs_kv_forward_so_a_v1_0_1_kv_program_is_refused(tiny_bundle, 
     assert code == 2 and f"has no method '{CORPUS['methods']['kv']}'" in err
 
 
-def test_a_hybrid_run_takes_shared_buffer_and_writes_what_v1_4_1_writes(tiny_bundle, in_tmp, capsys):
+def test_a_v1_0_1_hybrid_program_is_refused_as_not_of_1_4_1s_layout(tiny_bundle, in_tmp, capsys):
+    pte, tok = paths(tiny_bundle, "hybrid")
+    code, out, err = run_v1_4_1(["--model_path", pte, "--tokenizer_path", tok, "--eval_mode", "1",
+                                 "--prompt", "Once"], capsys)
+    assert code == 2 and "is in v1.0.1's I/O layout" in err
+
+
+def test_a_hybrid_run_takes_shared_buffer_and_writes_what_v1_4_1_writes(tiny_v14_bundle, in_tmp, capsys):
     """--shared_buffer is taken (a zero-copy choice with nothing to choose on the host); the echo is
     v1.4.1's template (smollm2's opens the assistant's turn, QLR:175-185), stdout has one newline before
     each observer line even when seq_len ends the generation (TOK:344-353), the observer line v1.4.1's."""
-    pte, tok = paths(tiny_bundle, "hybrid")
+    pte, tok = paths(tiny_v14_bundle, "hybrid")
     case = next(e for e in CORPUS["echo"] if e["family"] == "smollm2_135m" and not e["system_prompt"])
     code, out, err = run_v1_4_1(["--model_path", pte, "--tokenizer_path", tok, "--eval_mode", "1",
                                  "--decoder_model_version", "smollm2_135m", "--shared_buffer",
