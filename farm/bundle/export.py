@@ -177,22 +177,29 @@ def _export_quietly(cfg: LlamaConfig, out: Path, step: Callable[[int], None]) ->
                            out / pte)
     step(4)
 
-    files = [describe_file(out, out / KV_PTE, role="pte"),
-             describe_file(out, out / HYBRID_PTE, role="pte"),
-             describe_file(out, out / LOOKAHEAD_PTE, role="pte"),
-             describe_file(out, out / tokenizer, role="tokenizer")]
-    bundle = Bundle(
-        name=f"reference-{cfg.name}",
+    write_manifest(out, cfg, name=f"reference-{cfg.name}", tokenizer=tokenizer, programs=(KV_PTE, HYBRID_PTE),
+                   lookahead=lookahead, model={"exporter_version": EXPORTER_VERSION})
+
+
+def write_manifest(out: Path, cfg: LlamaConfig, *, name: str, tokenizer: str, programs: tuple[str, str],
+                   lookahead: Mode, model: dict) -> None:
+    """The reference bundle's manifest in ``out``: its kv and hybrid ``programs``, the lookahead one
+    and the tokenizer, run by the host runner; ``model``: what the manifest's model record says beside
+    the config (the exporter's version, the I/O layout)."""
+    kv, hybrid = programs
+    files = [describe_file(out, out / pte, role="pte") for pte in (kv, hybrid, lookahead.pte)]
+    files.append(describe_file(out, out / tokenizer, role="tokenizer"))
+    Bundle(
+        name=name,
         runner_dialect="host",
         tokenizer=tokenizer,
         files=files,
-        modes={"kv": Mode(pte=KV_PTE, eval_mode=0, ar_len=1),
-               "hybrid": Mode(pte=HYBRID_PTE, eval_mode=1, ar_len=cfg.prefill_ar_len),
+        modes={"kv": Mode(pte=kv, eval_mode=0, ar_len=1),
+               "hybrid": Mode(pte=hybrid, eval_mode=1, ar_len=cfg.prefill_ar_len),
                "lookahead": lookahead},
         decoder_model_version=cfg.decoder_model_version,
-        model=cfg.to_dict() | {"head_dim": cfg.head_dim, "exporter_version": EXPORTER_VERSION},
-    )
-    bundle.write(out / MANIFEST)
+        model=cfg.to_dict() | {"head_dim": cfg.head_dim} | model,
+    ).write(out / MANIFEST)
 
 
 def write_tokenizer(cfg: LlamaConfig, out: Path) -> tuple[str, LlamaConfig]:

@@ -43,7 +43,6 @@ from pathlib import Path
 
 from farm.bundle.export import (
     LOOKAHEAD,
-    MANIFEST,
     STEPS,
     StepCallback,
     cache_key,
@@ -51,9 +50,10 @@ from farm.bundle.export import (
     publish,
     quietly,
     resolve_config,
+    write_manifest,
     write_tokenizer,
 )
-from farm.bundle.manifest import Bundle, Mode, describe_file
+from farm.bundle.manifest import Mode
 from farm.model.config import LlamaConfig
 
 LAYOUT = "v1.4"
@@ -114,22 +114,11 @@ def _export(cfg: LlamaConfig, out: Path, step: Callable[[int], None]) -> None:
             _write_program(lowered, {name: f"ar{ar}" for name, ar in methods.items()},
                            metadata(models[methods["kv_forward"]]), out / pte)
     step(4)
-    files = [describe_file(out, out / pte, role="pte") for pte in programs]
-    files.append(describe_file(out, out / tokenizer, role="tokenizer"))
-    Bundle(
-        name=f"reference-{cfg.name}-v14",
-        runner_dialect="host",
-        tokenizer=tokenizer,
-        files=files,
-        modes={"kv": Mode(pte=KV_PTE, eval_mode=0, ar_len=1),
-               "hybrid": Mode(pte=HYBRID_PTE, eval_mode=1, ar_len=cfg.prefill_ar_len),
-               "lookahead": lookahead},
-        decoder_model_version=cfg.decoder_model_version,
-        # "io_layout" tells a reader of the manifest which layout the programs have; the runner
-        # reads it from the programs themselves (farm/runner/io_v14.py is_v14).
-        model=cfg.to_dict() | {"head_dim": cfg.head_dim, "io_layout": LAYOUT,
-                               "exporter_version": EXPORTER_VERSION},
-    ).write(out / MANIFEST)
+    # "io_layout" tells a reader of the manifest which layout the programs have; the runner reads it
+    # from the programs themselves (farm/runner/io_v14.py is_v14).
+    write_manifest(out, cfg, name=f"reference-{cfg.name}-v14", tokenizer=tokenizer,
+                   programs=(KV_PTE, HYBRID_PTE), lookahead=lookahead,
+                   model={"io_layout": LAYOUT, "exporter_version": EXPORTER_VERSION})
 
 
 def _lower_ar_lens(weights, ar_lens: set[int]):
