@@ -29,6 +29,8 @@ What 1.4.1 puts in a program (sources at tag v1.4.1, examples/qualcomm/oss_scrip
   retrieve_info_from_pte reads get_vocab_size, get_max_seq_len, get_max_context_len,
   get_logits_scale, get_logits_zero_point, get_kv_io_bit_width (utils.py:34-49).
 - File names: kv_llama_qnn.pte, hybrid_llama_qnn.pte, lookahead_llama_qnn.pte (llama.py:684-697).
+- Beside them the attention-sink evictors (llama.py --use_attention_sink 4,32; farm/bundle/export_sink.py),
+  which each mode of the manifest names (``attention_sink_rope``) for runs past the context window.
 
 Lowered to XNNPACK instead of QNN, without llm_wrappers' HTP rewrites (linear as conv2d, the QNN
 passes): the graph is the wheel's model as it stands. The bundle is cached like the v1.0.1 reference
@@ -41,8 +43,10 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from farm.bundle import export_sink
 from farm.bundle.export import (
     LOOKAHEAD,
+    MANIFEST,
     STEPS,
     StepCallback,
     cache_key,
@@ -57,7 +61,7 @@ from farm.bundle.manifest import Mode
 from farm.model.config import LlamaConfig
 
 LAYOUT = "v1.4"
-EXPORTER_VERSION = "2"  # 2: UTF-8 output (LlamaConfig.partial_pieces)
+EXPORTER_VERSION = "3"  # 2: UTF-8 output (LlamaConfig.partial_pieces); 3: the attention-sink evictors
 KV_PTE = "kv_llama_qnn.pte"
 HYBRID_PTE = "hybrid_llama_qnn.pte"
 LOOKAHEAD_PTE = "lookahead_llama_qnn.pte"
@@ -72,7 +76,8 @@ def bundle_dir(config_name: str, out_dir: str | os.PathLike | None = None) -> Pa
 
 def _bundle_dir_of(cfg: LlamaConfig, out_dir: str | os.PathLike | None) -> Path:
     root = Path(out_dir) if out_dir else default_cache_dir()
-    key = cache_key(cfg, {"name": LAYOUT, "exporter": EXPORTER_VERSION})
+    key = cache_key(cfg, {"name": LAYOUT, "exporter": EXPORTER_VERSION,
+                          "attention_sink": [export_sink.SINK_SIZE, export_sink.EVICTION_BATCH_SIZE]})
     return root / f"reference-{cfg.name}-v14-{key}"
 
 
@@ -113,12 +118,17 @@ def _export(cfg: LlamaConfig, out: Path, step: Callable[[int], None]) -> None:
         for pte, methods in programs.items():
             _write_program(lowered, {name: f"ar{ar}" for name, ar in methods.items()},
                            metadata(models[methods["kv_forward"]]), out / pte)
+        for pte, methods in export_sink.evictor_methods(cfg.prefill_ar_len, lookahead.decode_ar_len).items():
+            export_sink.write_evictor(cfg, methods, out / pte)
     step(4)
     # "io_layout" tells a reader of the manifest which layout the programs have; the runner reads it
     # from the programs themselves (farm/runner/io_v14.py is_v14).
     write_manifest(out, cfg, name=f"reference-{cfg.name}-v14", tokenizer=tokenizer,
                    programs=(KV_PTE, HYBRID_PTE), lookahead=lookahead,
-                   model={"io_layout": LAYOUT, "exporter_version": EXPORTER_VERSION})
+                   model={"io_layout": LAYOUT, "exporter_version": EXPORTER_VERSION,
+                          "attention_sink": {"sink_size": export_sink.SINK_SIZE,
+                                             "eviction_batch_size": export_sink.EVICTION_BATCH_SIZE}})
+    export_sink.add_to_manifest(out / MANIFEST)
 
 
 def _lower_ar_lens(weights, ar_lens: set[int]):

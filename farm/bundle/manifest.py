@@ -85,6 +85,16 @@ class Mode:
     ngram: int | None = None
     window: int | None = None
     gcap: int | None = None
+    # The attention-sink evictor beside the .pte (a file of the manifest, farm/bundle/export_sink.py):
+    # qnn_llama_runner v1.4.1's --attention_sink_rope_path, given only to a run that generates past the
+    # context window (with it the runner evicts instead of stopping, runner.cpp v1.4.1:393-409), so a
+    # run within the context is the same with or without it. None: the mode has none.
+    attention_sink_rope: str | None = None
+
+    @property
+    def attention_sink_args(self) -> list[str]:
+        return [] if self.attention_sink_rope is None else ["--attention_sink_rope_path",
+                                                            self.attention_sink_rope]
 
     @property
     def lookahead_args(self) -> list[str]:
@@ -326,7 +336,11 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
         elif given and eval_mode != LOOKAHEAD_EVAL_MODE:
             raise UsageError(f"{mwhere}: field {given[0]!r} is for lookahead decoding (eval_mode "
                              f"{LOOKAHEAD_EVAL_MODE}), not eval_mode {eval_mode}")
-        modes[key] = Mode(pte=pte, eval_mode=eval_mode, ar_len=ar_len, **lookahead)
+        sink = _optional(m, "attention_sink_rope", str, None, mwhere)
+        if sink is not None and sink not in names:
+            raise UsageError(f"{mwhere}: attention_sink_rope {sink!r} is not among the manifest's files")
+        modes[key] = Mode(pte=pte, eval_mode=eval_mode, ar_len=ar_len, **lookahead,
+                          attention_sink_rope=sink)
     if not modes:
         raise UsageError(f"{where}: field 'modes' is empty")
     tokenizer = _require(raw, "tokenizer", str, where)

@@ -167,11 +167,6 @@ def run(argv: list[str]) -> int:
         raise UsageError("Only provide prompt or tokenized_input but not both.")
     if args.num_iters < 1:
         raise UsageError(f"--num_iters: must be at least 1, got {args.num_iters}")
-    if getattr(args, "attention_sink_rope_path", ""):
-        # runner.cpp v1.4.1 loads it as a second Module and evicts with it past the context; the host
-        # runner does not emulate the evictor yet: refused rather than generate without it.
-        raise UsageError(f"--attention_sink_rope_path: {args.attention_sink_rope_path}: attention sink "
-                         "is not emulated by this runner (generation past the context window)")
     # Absent from a release's flags: its only updater (v1.4.1: SmartMask), no seed of ours (0).
     args.kv_updater = getattr(args, "kv_updater", release.updaters[0])
     args.seed = getattr(args, "seed", 0)
@@ -186,7 +181,9 @@ def run(argv: list[str]) -> int:
     runner = LlamaRunner(args.model_path, args.tokenizer_path, args.eval_mode, io_cls,
                          args.decoder_model_version, dump_logits=bool(args.dump_logits_path),
                          lookahead=LookaheadConfig(args.ngram, args.window, args.gcap), seed=args.seed,
-                         upstream=release.templates, kv_method=release.kv_method)
+                         upstream=release.templates, kv_method=release.kv_method,
+                         # v1.4.1's flag (qnn_llama_runner.cpp:31-34): the evictor, farm/runner/attention_sink.py
+                         attention_sink_rope_path=getattr(args, "attention_sink_rope_path", ""))
     if release.v14_layout_only and not runner.v14:
         # What a phone's v1.4.1 runner cannot read either: it takes the mask's sizes[3] and a cache per
         # layer from the shapes, which v1.0.1's programs (a 3-D mask, a cache per head) do not have.

@@ -118,7 +118,8 @@ class LlamaRunner:
     def __init__(self, model_path: str, tokenizer_path: str, eval_mode: int,
                  io_mgr_cls: type[IoMgr], decoder_model_version: str = "llama3",
                  dump_logits: bool = False, lookahead: LookaheadConfig | None = None,
-                 seed: int = 0, upstream: str = "v1.0.1", kv_method: str = "forward"):
+                 seed: int = 0, upstream: str = "v1.0.1", kv_method: str = "forward",
+                 attention_sink_rope_path: str = ""):
         from farm.model.tokenizer import load_tokenizer
 
         if eval_mode not in METHODS:
@@ -145,6 +146,18 @@ class LlamaRunner:
         self.prefill = self.program.load_method(prefill_name)
         self.decode = self.program.load_method(decode_name)
         self.shape, self.vocab_size = self._read_shape(model_path)
+        # --attention_sink_rope_path (runner.cpp v1.4.1:287-292): the evictor, for the methods this
+        # mode runs; None without it (farm/runner/attention_sink.py).
+        self.sink = None
+        if attention_sink_rope_path:
+            if not self.v14:
+                raise UsageError(f"--attention_sink_rope_path: {model_path} is in v1.0.1's I/O layout; "
+                                 "the attention sink is 1.4.1's (farm export --layout v1.4)")
+            from farm.runner.attention_sink import FLAG, AttentionSink
+
+            self.sink = AttentionSink(attention_sink_rope_path,
+                                      _load_program(attention_sink_rope_path, FLAG),
+                                      {prefill_name: self.prefill, decode_name: self.decode})
         ar_len = io_v14.ar_len if self.v14 else (lambda m: m.metadata.input_tensor_meta(0).sizes()[1])
         self.prefill_ar, self.decode_ar = ar_len(self.prefill), ar_len(self.decode)
         self.lookahead = None
@@ -199,14 +212,19 @@ class LlamaRunner:
 
     @property
     def cur_pos(self) -> int:
-        return self.io.n_past
+        """The absolute position (runner.cpp cur_pos_); the cache holds cur_pos - position_shift
+        entries (shifted_pos), which is also the position the next step is fed at."""
+        return self.io.n_past + (self.sink.position_shift if self.sink else 0)
 
     def max_prompt_len(self) -> int:
         # Prefill writes its entries into the prefill method's cache (max_seq_len - ar_len entries).
         return self.shape.max_seq_len - self.prefill_ar
 
     def clamp_seq_len(self, seq_len: int) -> int:
-        """runner.cpp: a --seq_len outside 1..context length means the context length."""
+        """runner.cpp: a --seq_len outside 1..context length means the context length; with the
+        attention sink only one below 1 does (runner.cpp v1.4.1:393-409)."""
+        if self.sink is not None and seq_len > 0:
+            return seq_len
         return seq_len if 0 < seq_len <= self.context_len else self.context_len
 
     def generate(self, prompt: str, seq_len: int, temperature: float, gen: torch.Generator,
@@ -227,13 +245,17 @@ class LlamaRunner:
             raise UsageError(f"--seq_len: sequence length exceeded - please increase the seq_len value "
                              f"({start_pos} tokens before this prompt, {len(ids)} in it, --seq_len "
                              f"{seq_len}, context {self.context_len})")
-        if start_pos + len(ids) > self.max_prompt_len():
+        # prompt_processor.cpp v1.4.1:249-260: checked only without the attention sink.
+        if self.sink is None and start_pos + len(ids) > self.max_prompt_len():
             raise UsageError(f"--prompt: The sequence length exceeds the maximum limit that the prompt "
                              f"processor can handle ({start_pos} + {len(ids)} tokens; the "
                              f"{EvalMode.from_number(self.eval_mode)} method takes at most "
                              f"{self.max_prompt_len()}, context {self.context_len})")
         text = bytearray(prompt.encode("utf-8", "surrogateescape"))
-        self.io.switch_method(self.prefill_ar)
+        if self.sink is not None:  # a full decode cache into the prefill's (then evicted), KVM:284-294
+            self.io.switch_method_past_context(self.prefill_ar)
+        else:
+            self.io.switch_method(self.prefill_ar)
         # The prefill's token is sampled outside the stats' sampling timer (prompt_processor.cpp:341;
         # only the generators' loops time theirs, TOK:295-298, LHD:327-330), and decoded after
         # itself: decode(cur_token, cur_token), runner.cpp:430-431.
@@ -281,7 +303,7 @@ class LlamaRunner:
         newlines printed); appends what it writes to ``generated`` and ``text``."""
         cfg, ar = self.lookahead.cfg, self.decode_ar
         start = self.cur_pos
-        if start > self.io.cache_len:
+        if self.io.n_past > self.io.cache_len:
             raise UsageError(f"--prompt: {start} cached tokens do not fit the lookahead method's cache "
                              f"of {self.io.cache_len} (context {self.context_len}, ar_len {ar})")
         self.io.set_step_block(cfg.block(ar, MASK_MIN))
@@ -297,8 +319,13 @@ class LlamaRunner:
         pos = start
         state.init_branch([*ids, token])
         while pos < seq_len - 1:
+            if self.sink is not None and self.sink.needs_room(self.io.n_past, cfg.ngram,
+                                                              self.context_len, ar):
+                self._evict(self.decode)  # LHD:255-263, then its own mask block again
+                self.io.set_step_block(cfg.block(ar, MASK_MIN))
             checks = state.verification(token)
-            tokens, positions = state.step_inputs(token, pos, checks)
+            # Fed at shifted positions (LHD:266-285): the absolute one less the evictions' shift.
+            tokens, positions = state.step_inputs(token, self.io.n_past, checks)
             logits, outputs = self._lookahead_step(tokens, positions)
             self.clock.decode()
             state.steps += 1
@@ -326,7 +353,7 @@ class LlamaRunner:
                     state.advance([_pick(logits[last + i], temperature, gen) for i in range(cfg.window)])
             if self.delay_s:
                 time.sleep(self.delay_s * len(selected))
-            if pos > self.context_len - ar:
+            if self.sink is None and pos > self.context_len - ar:
                 return pos - start, reached_eos, 1 + int(reached_eos)  # LHD:368-372, not cached
             self._keep_rows(outputs, selected)
             if reached_eos:
@@ -375,6 +402,9 @@ class LlamaRunner:
     def _step(self, method, tokens: list[int], keep: list[np.ndarray] | None = None) -> np.ndarray:
         """Run one step; returns the logits of the step's last valid token. ``keep``: a list to
         append the step's whole logits output to ([ar_len, vocab], padding rows included)."""
+        if self.sink is not None and self.sink.needs_room(self.io.n_past, self.io.ar_len,
+                                                          self.context_len, self.io.ar_len):
+            self._evict(method)  # PP:314-332, TG:278-296
         try:
             inputs = self.io.inputs(tokens, self.io.n_past)
         except ContextFull as e:
@@ -386,6 +416,12 @@ class LlamaRunner:
         # A numpy view of the row: indexing and argmax cost ~1 us there, ~4 us through torch's
         # dispatcher, on every decoded token (bench/bench_runner_tokens.py).
         return outputs[0].numpy()[0, len(tokens) - 1]
+
+    def _evict(self, method) -> None:
+        """The evictor's method of the decoder method about to run, on its caches; shifted_pos less
+        the batch, the mask initialised there (attention_sink_rope_runner.cpp:56-66, TG:281-286)."""
+        self.sink.evict(method.metadata.name(), self.io.caches())
+        self.io.evicted(self.sink.eviction_batch_size)
 
     def _sample(self, logits: np.ndarray, temperature: float, gen: torch.Generator, stats: Stats) -> int:
         start = self.clock.now_ms()
@@ -443,16 +479,16 @@ def import_runtime():
             del sys.modules["executorch.exir"]
 
 
-def _load_program(model_path: str):
+def _load_program(model_path: str, flag: str = "--model_path"):
     Runtime = import_runtime().Runtime
 
     p = Path(model_path)
     if not p.is_file():
-        raise UsageError(f"--model_path: {p} does not exist")
+        raise UsageError(f"{flag}: {p} does not exist")
     try:
         return Runtime.get().load_program(p)
     except Exception as e:  # the runtime raises RuntimeError/ValueError with its own error codes
-        raise UsageError(f"--model_path: {p} is not a loadable .pte program "
+        raise UsageError(f"{flag}: {p} is not a loadable .pte program "
                          f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})") \
             from None
 

@@ -164,13 +164,39 @@ class SmartMaskV14(IoMgr):
     def _rearrange(self, old_cache_len: int, new_cache_len: int) -> None:
         # KVM:296-360: k's H*D rows and v's H blocks move to the new stride (memmove, in the order
         # that never overwrites what is still to be read). Only the first n_past entries matter.
-        n = self.n_past
+        # Past the context (the attention sink) n_past may exceed the new cache_len: the rows keep
+        # their first new_cache_len entries (KVM:301-309 copies dst_cache_num of each), the rest is lost.
+        n = min(self.n_past, new_cache_len)
         old_k, old_v = self._views(old_cache_len)
         kept_k, kept_v = old_k[..., :n].clone(), old_v[:, :, :n].clone()
         new_k, new_v = self._views(new_cache_len)
         new_k[..., :n] = kept_k
         new_v[:, :, :n] = kept_v
         self._input_cache = None
+
+    def switch_method_past_context(self, ar_len: int) -> None:
+        """switch_method as rearrange_cache does it (KVM:284-294) also when the entries do not fit the
+        new method's cache: with the attention sink a prefill after a long generation rearranges a
+        full decode cache into the prefill's shorter one (its tail lost), then evicts (PP:286-332)."""
+        if ar_len == self.ar_len:
+            return
+        old = self.cache_len
+        self.ar_len = ar_len
+        self._rearrange(old, self.cache_len)
+        self.mask = self._fresh_mask()
+        self._step_buffers()
+
+    def evicted(self, n: int) -> None:
+        """After the evictor ran on the caches: shifted_pos -= eviction_batch_size and the mask
+        initialised at it (PP:318-322, TG:282-286; init_attention_mask opens columns [0, shifted_pos)
+        and the causal block). A lookahead caller sets its own block again (LHD:261)."""
+        self.n_past -= n
+        self.mask = self._fresh_mask()
+
+    def caches(self) -> list[torch.Tensor]:
+        """The cache inputs of the current method, k per layer then v per layer (PP:138-163): what
+        the evictor takes and writes (ASR set_outputs)."""
+        return [*self.k_inputs(), *self.v_inputs()]
 
     def set_step_block(self, block: torch.Tensor) -> None:
         """The mask among the step's own rows (0 = attend), e.g. lookahead's attention map (KVM:107-158
