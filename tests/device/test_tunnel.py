@@ -14,10 +14,11 @@ import psutil
 import pytest
 
 from farm.config import SshTunnelConfig, load_config
-from farm.device.tunnel import close_tunnels, ensure_tunnels, ssh_argv
+from farm.device.tunnel import CHECK_INTERVAL_S, START_TIMEOUT_S, close_tunnels, ensure_tunnels, ssh_argv
 from farm.errors import AdbServerDown, UsageError
 from farm.exitcodes import ExitCode
 from farm.virtual import VirtualDeviceSpec
+from farm.virtual.manager import free_port
 from tests.support.plugin import explain, junit_cases, results_json, run_pytest
 from tests.support.sshd import start_sshd, stop_sshd
 
@@ -38,6 +39,10 @@ def remote(virtual_farm):
 
 
 def _config(tmp_path, sshd, remote, **kwargs) -> str:
+    # A local port free now rather than the one derived from the target: the derived ports' range
+    # overlaps the ports the suite's other virtual farms and outgoing connections take, and a port
+    # some other process holds would fail a test that has nothing to do with it.
+    kwargs.setdefault("local_port", free_port())
     path = tmp_path / "farm.toml"
     path.write_text(f'[farm]\nhome = "{tmp_path / "home"}"\n\n' + sshd.adb_entry(remote.adb_server.port, **kwargs)
                     + f'\n[pool]\nurl = "sqlite:///{tmp_path / "pool.db"}"\n')
@@ -142,10 +147,12 @@ def test_the_forward_listens_on_loopback_and_is_started_again_when_it_dies(tmp_p
     assert psutil.wait_procs([ssh], timeout=5)
     from farm import procs
 
-    assert procs.wait_until(lambda: len(_forwards(port)) == 1 and tunnel.alive(), timeout=15)
+    # The supervisor looks every CHECK_INTERVAL_S and gives ssh START_TIMEOUT_S to come up.
+    assert procs.wait_until(lambda: len(_forwards(port)) == 1 and tunnel.alive(),
+                            timeout=CHECK_INTERVAL_S + START_TIMEOUT_S + 5)
     assert tunnel.state.restarts >= 1
     with pytest.raises(AdbServerDown, match="did not come up"):
-        bad = SshTunnelConfig(target=sshd.target, local_port=port + 1, remote_port=remote.adb_server.port,
+        bad = SshTunnelConfig(target=sshd.target, local_port=free_port(), remote_port=remote.adb_server.port,
                               ssh_port=sshd.port, identity=str(tmp_path / "no-such-key"),
                               known_hosts=str(sshd.known_hosts))
         ensure_tunnels([bad], log_dir=tmp_path / "t")
@@ -169,8 +176,6 @@ def test_device_over_ssh(device):
 
 
 def test_the_forward_dying_mid_test_is_an_infrastructure_error_and_the_rerun_passes(tmp_path, sshd, remote):
-    from farm.virtual.manager import free_port
-
     # A port free now, not the one derived from the target: on a busy host another process held
     # that one once ("Address already in use"), which is not what this test is about.
     config = _config(tmp_path, sshd, remote, local_port=free_port())
