@@ -114,3 +114,33 @@ def export_inputs(model) -> tuple[torch.Tensor, ...]:
     tokens, masks, pos, k_caches, v_caches = model.get_example_inputs()
     # The mask is an expand() of one row set; its values never reach the exported graph.
     return (torch.zeros_like(tokens), *(m.contiguous() for m in masks), pos, *k_caches, *v_caches)
+
+
+def _meta_layout(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """A q or k projection in Meta's checkpoint layout (each head's RoPE pairs interleaved), the
+    inverse of llm_wrappers.py:253-266's ``permute``, which a config with ``transform_weight`` applies
+    to a checkpoint on loading to get SL's (first half, second half) pairs back."""
+    rows, cols = w.shape
+    return w.view(heads, 1, 2, rows // heads // 2, cols).transpose(2, 3).reshape(rows, cols).contiguous()
+
+
+def write_checkpoint(weights: LlamaWeights, out_dir: Path) -> tuple[Path, Path]:
+    """The reference as llama.py takes a model of the llama families (``--checkpoint``, ``--params``):
+    a torch state dict in Meta's layout, which llm_wrappers.py:241-270 loads and permutes for SL (for
+    the configs with ``transform_weight``: llama3_2, stories), and SL's ModelArgs as JSON. Upstream's
+    own scripts then build the float model the device's logits are compared with (SqnrEval)."""
+    import json
+
+    cfg = weights.cfg
+    sd = state_dict(weights)
+    for i in range(cfg.n_layers):
+        sd[f"layers.{i}.attention.wq.weight"] = _meta_layout(sd[f"layers.{i}.attention.wq.weight"], cfg.n_heads)
+        sd[f"layers.{i}.attention.wk.weight"] = _meta_layout(sd[f"layers.{i}.attention.wk.weight"], cfg.n_kv_heads)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint, params = out_dir / "consolidated.00.pth", out_dir / "params.json"
+    torch.save({k: v.detach().clone() for k, v in sd.items()}, checkpoint)
+    params.write_text(json.dumps({"dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+                                  "n_kv_heads": cfg.n_kv_heads, "vocab_size": cfg.vocab_size,
+                                  "hidden_dim": cfg.hidden_dim, "norm_eps": cfg.norm_eps,
+                                  "rope_freq_base": cfg.rope_theta, "output_bias": True}, indent=1) + "\n")
+    return checkpoint, params
