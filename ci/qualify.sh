@@ -3,6 +3,8 @@
 # one pytest-xdist worker per device), one `farm qualify` each:
 #   tiny          reference bundle: llama3, tiktoken tokenizer.model      -> reports/latest
 #   tiny-qwen2_5  reference bundle: qwen2_5, HF tokenizer.json            -> reports/latest-tiny-qwen2_5
+#   tiny-stories  reference bundle: llama2 (upstream's stories models), a llama2c tokenizer.bin
+#                 exported from a SentencePiece model                   -> reports/latest-tiny-stories
 #   upstream      tiny's programs under ExecuTorch v1.0.1's names         -> reports/latest-upstream
 #                 (llama.py's artifact folder, the Android build folder with a qnn_llama_runner that
 #                 shows v1.0.1's flags, a $QNN_SDK_ROOT: staged in .farm/qualify-upstream by
@@ -108,7 +110,7 @@ lane() {  # MODEL...: one after another; an interrupted leg ends the lane
 # its export): the small leg's long runs beside the first lane's three.
 lane tiny upstream upstream-v1.4 &
 lanes=($!)
-lane small tiny-qwen2_5 &
+lane small tiny-qwen2_5 tiny-stories &
 lanes+=($!)
 for pid in "${lanes[@]}"; do  # a trapped signal ends a wait early: wait again until the lane ends
   while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done

@@ -26,14 +26,16 @@ from pathlib import Path
 from farm.bundle.manifest import Bundle, Mode, describe_file
 from farm.config import farm_home
 from farm.errors import UsageError
-from farm.model.config import CONFIGS, LlamaConfig
+from farm.model.config import CONFIGS, LLAMA2C_SPECIALS, LlamaConfig
 from farm.model.tokenizer import (
     CORPUS,
     N_MERGES,
     QWEN2_PAT_STR,
     QWEN2_SPECIALS,
+    SENTENCEPIECE_VOCAB,
     train_ranks,
     write_hf_tokenizer,
+    write_sentencepiece_tokenizer,
     write_tiktoken_model,
 )
 
@@ -48,7 +50,10 @@ LOOKAHEAD_PTE = "lookahead_llama_xnnpack.pte"
 LOOKAHEAD = {"ngram": 3, "window": 4, "gcap": 4}
 TOKENIZER = "tokenizer.model"
 # The tokenizer's file name per format, as upstream's exports name it.
-TOKENIZER_FILES = {"tiktoken": TOKENIZER, "hf": "tokenizer.json"}
+TOKENIZER_FILES = {"tiktoken": TOKENIZER, "hf": "tokenizer.json", "llama2c": "tokenizer.bin"}
+# Beside a llama2c tokenizer.bin: the SentencePiece model it was exported from, which upstream's llama.py
+# reads on the host (--tokenizer_model); not one of the bundle's files, as no device reads it.
+SENTENCEPIECE_MODEL = "tokenizer.model"
 MANIFEST = "manifest.json"
 
 
@@ -67,6 +72,8 @@ def cache_key(cfg: LlamaConfig, layout: dict | None = None) -> str:
     if cfg.tokenizer_format == "hf":
         # HF's trainer learns the merges; the split pattern and the specials are the file's too.
         tokenizer += [_dist_version("tokenizers"), QWEN2_PAT_STR, list(QWEN2_SPECIALS)]
+    elif cfg.tokenizer_format == "llama2c":  # SentencePiece's trainer and upstream's exporter of it
+        tokenizer += [_dist_version("sentencepiece"), _dist_version("pytorch-tokenizers"), SENTENCEPIECE_VOCAB]
     # A llama3/tiktoken config's key is what it was before configs had a family: its cache stays.
     for key, default in (("decoder_model_version", "llama3"), ("tokenizer_format", "tiktoken")):
         if config[key] == default:
@@ -208,6 +215,8 @@ def write_tokenizer(cfg: LlamaConfig, out: Path) -> tuple[str, LlamaConfig]:
     tokenizer = TOKENIZER_FILES[cfg.tokenizer_format]
     if cfg.tokenizer_format == "hf":
         n_base = write_hf_tokenizer(out / tokenizer)
+    elif cfg.tokenizer_format == "llama2c":
+        n_base = write_sentencepiece_tokenizer(out / SENTENCEPIECE_MODEL, out / tokenizer)
     else:
         ranks = train_ranks()
         write_tiktoken_model(out / tokenizer, ranks)
@@ -215,7 +224,8 @@ def write_tokenizer(cfg: LlamaConfig, out: Path) -> tuple[str, LlamaConfig]:
     from farm.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(out / tokenizer)
-    partial = tuple(i for i in range(n_base) if not _is_utf8(tok.piece(i)))
+    partial = tuple(i for i in range(n_base) if not _is_utf8(tok.piece(i))
+                    or (cfg.tokenizer_format == "llama2c" and i in LLAMA2C_SPECIALS))
     return tokenizer, replace(cfg, vocab_size=tok.n_words, n_base_tokens=n_base, partial_pieces=partial)
 
 
@@ -242,7 +252,7 @@ def _metadata_methods(cfg: LlamaConfig) -> dict[str, int]:
     return {"get_max_seq_len": cfg.max_seq_len, "get_vocab_size": cfg.vocab_size,
             "get_n_layers": cfg.n_layers, "get_n_kv_heads": cfg.n_kv_heads,
             "get_head_dim": cfg.head_dim, "get_prefill_ar_len": cfg.prefill_ar_len,
-            "get_bos_id": cfg.n_base_tokens, "get_n_base_tokens": cfg.n_base_tokens}
+            "get_bos_id": cfg.bos_id, "get_n_base_tokens": cfg.n_base_tokens}
 
 
 def _lower_ar_lens(weights, ar_lens: list[int], metadata: dict[str, int]):

@@ -76,7 +76,11 @@ def _template(bundle: Bundle):
 
 def count_tokens(bundle: Bundle, prompt: str) -> int:
     """Tokens the runner feeds for ``prompt``: the chat template included, as it builds them."""
-    return len(_template(bundle).encode_turn(prompt, "", first=True))
+    template = _template(bundle)
+    text = template.format(prompt, "")
+    if not text:  # llama2c's encoder refuses empty text (a template that is the prompt alone, llama2's)
+        return len(template.encode_turn("x", "", first=True)) - len(template.encode("x", bos=False))
+    return len(template.encode_turn(prompt, "", first=True))
 
 
 def template_tokens(bundle: Bundle) -> int:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 
+LLAMA2C_BOS = 1
+LLAMA2C_SPECIALS = (0, 1, 2)  # <unk>, <s>, </s>: the first ids of a SentencePiece vocabulary
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
     name: str
@@ -28,8 +32,14 @@ class LlamaConfig:
     # lone bytes 0x80-0xFF and merges of them). The reference never writes them (their logits are
     # biased down as the special tokens' are), so what it writes is UTF-8 text, as upstream's
     # evaluators read outputs.txt (device_evaluator.py post_process_model_output); prompts still
-    # encode every byte.
+    # encode every byte. A llama2c vocabulary's specials come first (LLAMA2C_SPECIALS) and are kept out
+    # in the same list.
     partial_pieces: tuple[int, ...] = ()
+
+    @property
+    def bos_id(self) -> int:
+        """The BOS token: a llama2c vocabulary's <s> (1); else the first special after the text."""
+        return LLAMA2C_BOS if self.tokenizer_format == "llama2c" else self.n_base_tokens
 
     @property
     def head_dim(self) -> int:
@@ -45,9 +55,9 @@ class LlamaConfig:
             raise ValueError(f"config {self.name}: head_dim must be even for RoPE")
         if not 1 < self.prefill_ar_len < self.max_seq_len:
             raise ValueError(f"config {self.name}: prefill_ar_len must be in (1, max_seq_len)")
-        if self.tokenizer_format not in ("tiktoken", "hf"):
-            raise ValueError(f"config {self.name}: tokenizer_format must be tiktoken or hf (the formats "
-                             "the exporter writes)")
+        if self.tokenizer_format not in ("tiktoken", "hf", "llama2c"):
+            raise ValueError(f"config {self.name}: tokenizer_format must be tiktoken, hf or llama2c (the "
+                             "formats the exporter writes)")
 
 
 # Named configs. `tiny` keeps the test suite short; `small` has the context of the upstream SM8650
@@ -55,13 +65,17 @@ class LlamaConfig:
 # job qualifies: the qwen2_5 decoder model version with an HF tokenizer.json, the format of six of
 # v1.0.1's eight families (qwen2_5, qwen3, smollm2, smollm3, phi_4_mini, gemma3) and of the qwen2_5-0_5b
 # bundle whose thresholds the farm ships; a shorter prefill chunk (8) than tiny's puts chunk edges
-# elsewhere.
+# elsewhere. `tiny-stories` is the third: llama2 (upstream's stories110m/stories260k) with a llama2c
+# tokenizer.bin exported from a SentencePiece model, the format of the stories families, prefill 12.
 CONFIGS: dict[str, LlamaConfig] = {
     "tiny": LlamaConfig(name="tiny", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128,
                         max_seq_len=128, prefill_ar_len=16, seed=1234),
     "tiny-qwen2_5": LlamaConfig(name="tiny-qwen2_5", dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
                                 hidden_dim=128, max_seq_len=128, prefill_ar_len=8, seed=2525,
                                 decoder_model_version="qwen2_5", tokenizer_format="hf"),
+    "tiny-stories": LlamaConfig(name="tiny-stories", dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                                hidden_dim=128, max_seq_len=128, prefill_ar_len=12, seed=260,
+                                decoder_model_version="llama2", tokenizer_format="llama2c"),
     "small": LlamaConfig(name="small", dim=256, n_layers=4, n_heads=8, n_kv_heads=2, hidden_dim=512,
                          max_seq_len=4096, prefill_ar_len=128, seed=4321),
 }

@@ -339,6 +339,33 @@ def write_tiktoken_model(path: Path, ranks: dict[bytes, int]) -> None:
     write_atomic(path, "".join(lines))
 
 
+SENTENCEPIECE_VOCAB = 400  # 3 specials, 256 byte pieces, 141 merges
+
+
+def write_sentencepiece_tokenizer(model_path: Path, bin_path: Path, text: str = CORPUS,
+                                  vocab_size: int = SENTENCEPIECE_VOCAB) -> int:
+    """The stories families' pair, as upstream ships them: a SentencePiece BPE ``tokenizer.model``
+    trained on ``text`` (<unk> <s> </s>, then the byte pieces <0x00>..<0xFF>: byte fallback, which the
+    llama2c encoder needs), which llama.py's TokenizerWrapper reads (tokenizer.py:96-105), and the
+    ``tokenizer.bin`` the runner reads, exported from it by pytorch_tokenizers' Llama2cTokenizer.export
+    as upstream exports it. One thread and SentencePiece's own defaults otherwise: the same file on
+    every machine. Returns the vocabulary size."""
+    import io
+
+    import sentencepiece
+    from pytorch_tokenizers.llama2c import Llama2cTokenizer
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(text.splitlines()), model_writer=model, model_type="bpe",
+        vocab_size=vocab_size, byte_fallback=True, character_coverage=1.0, split_digits=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, num_threads=1,
+        minloglevel=2)
+    write_atomic(model_path, model.getvalue())
+    Llama2cTokenizer(str(model_path)).export(str(bin_path))
+    return vocab_size
+
+
 def write_hf_tokenizer(path: Path, text: str = CORPUS, n_merges: int = N_MERGES) -> int:
     """A Qwen2-style byte-level BPE ``tokenizer.json`` learnt by HF's ``tokenizers`` from ``text``:
     the regex split then byte-level pre-tokenizer and decoder of Qwen2.5's file, 256 byte tokens and

@@ -45,6 +45,20 @@ def qwen_weights(qwen_bundle):
     return weights_for(qwen_bundle)
 
 
+@pytest.fixture(scope="session")
+def stories_bundle() -> Path:
+    """Manifest path of the `tiny-stories` reference bundle (llama2, a llama2c tokenizer.bin exported
+    from a SentencePiece model): the third family the main job qualifies."""
+    from farm.bundle.export import export_bundle
+
+    return export_bundle("tiny-stories")
+
+
+@pytest.fixture(scope="session")
+def stories_weights(stories_bundle):
+    return weights_for(stories_bundle)
+
+
 def rebuilt_copy(manifest: Path, dest: Path, name: str) -> Path:
     """The bundle as a rebuild of the same model would be: every program the same graph and weights,
     yet other bytes (a marker after the program's end, which the runtime never reads), so its
