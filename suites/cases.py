@@ -11,7 +11,9 @@ Correctness cases (``suites/data/correctness.toml``)::
                                    # "chunk" (whole prefill chunks of the mode's ar_len), "chunk+1",
                                    # "max" (the longest prompt the mode takes), "max-8"
     modes = ["kv", "hybrid"]       # default: every mode of the bundle
-    seq_lens = [128]               # default: [128] capped at the context; "context" = the model's
+    seq_lens = [128]               # default: [128] capped at the context; "context" = the model's;
+                                   # "context*3": past the context, with the mode's attention-sink
+                                   # evictor (skipped where the mode has none)
     gate = true                    # part of the pull-request subset (-m gate)
 
 Golden prefixes (``goldens.toml`` beside the bundle manifest, or ``--farm-goldens``)::
@@ -78,6 +80,7 @@ from farm.execute.runprofile import UPDATERS
 from farm.results.ab import ABConfig
 
 _TOKENS_RE = re.compile(r"^(chunk|max)\s*([+-]\s*\d+)?$")
+_PAST_CONTEXT_RE = re.compile(r"^context\s*\*\s*([2-9]|[1-9]\d+)$")  # "context*3": 3x the context
 def _field(entry: dict, key: str, types: type | tuple[type, ...], where: str, default: Any = ...) -> Any:
     if key not in entry:
         if default is ...:
@@ -111,7 +114,7 @@ class Case:
     prompt: str | None = None
     prompt_tokens: str | None = None  # "24", "chunk", "chunk+1", "max-8"
     modes: tuple[str, ...] = ()  # empty: every mode of the bundle
-    seq_lens: tuple[str, ...] = ()  # "128" or "context"; empty: the default
+    seq_lens: tuple[str, ...] = ()  # "128", "context" or "context*N"; empty: the default
     gate: bool = False
 
 
@@ -123,6 +126,7 @@ class CasePoint:
     mode: str
     seq_len: int
     id: str
+    past_context: bool = False  # seq_len beyond the model's context: generated with the attention sink
 
     def prompt(self, bundle: Bundle) -> str:
         """The prompt text, checked to fit: a case that cannot run is bad input, not a failure of the
@@ -170,8 +174,10 @@ def load_cases(path: Path) -> list[Case]:
             raise UsageError(f"{where}: 'modes' must be a list of strings")
         seq_lens = _field(entry, "seq_lens", list, where, [])
         for s in seq_lens:
-            if not (s == "context" or isinstance(s, int) and not isinstance(s, bool) and s >= 2):
-                raise UsageError(f"{where}: seq_lens entry {s!r} must be an integer >= 2 or 'context'")
+            if not (s == "context" or isinstance(s, str) and _PAST_CONTEXT_RE.match(s)
+                    or isinstance(s, int) and not isinstance(s, bool) and s >= 2):
+                raise UsageError(f"{where}: seq_lens entry {s!r} must be an integer >= 2, 'context' "
+                                 f"or 'context*N' (N >= 2: past the context, with the attention sink)")
         cases.append(Case(name=name, prompt=prompt, prompt_tokens=tokens, modes=tuple(modes),
                           seq_lens=tuple(str(s) for s in seq_lens),
                           gate=_field(entry, "gate", bool, where, False)))
@@ -189,13 +195,22 @@ def case_points(cases: list[Case], bundle: Bundle) -> list[CasePoint]:
             if mode not in bundle.modes:
                 raise UsageError(f"case {case.name!r}: bundle {bundle.name!r} has no mode {mode!r} "
                                  f"(modes: {', '.join(sorted(bundle.modes))})")
-        seq_lens = [context if s == "context" else min(int(s), context)
-                    for s in case.seq_lens] or [min(DEFAULT_SEQ_LEN, context)]
+        seq_lens = [_seq_len(s, context) for s in case.seq_lens] or [min(DEFAULT_SEQ_LEN, context)]
         for mode in modes:
             for seq_len in dict.fromkeys(seq_lens):
                 suffix = f"-{seq_len}" if len(case.seq_lens) > 1 else ""
-                points.append(CasePoint(case, mode, seq_len, f"{mode}-{case.name}{suffix}"))
+                points.append(CasePoint(case, mode, seq_len, f"{mode}-{case.name}{suffix}",
+                                        past_context=seq_len > context))
     return points
+
+
+def _seq_len(spec: str, context: int) -> int:
+    """A case's seq_lens entry: an integer (capped at the context), "context", or "context*N"."""
+    if spec == "context":
+        return context
+    if m := _PAST_CONTEXT_RE.match(spec):
+        return context * int(m.group(1))
+    return min(int(spec), context)
 
 
 def resolve_tokens(spec: str, bundle: Bundle, mode: str, seq_len: int) -> int:

@@ -22,7 +22,7 @@ farm of mixed SoCs and each device receives only its own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from farm.bundle.manifest import MANIFEST_DIALECTS, Bundle, BundleFile, Mode, describe_file
@@ -43,6 +43,7 @@ BACKEND_IN_BUILD = "backends/qualcomm/" + BACKEND_LIB_NAME
 # The tokenizer files qnn_llama_runner v1.0.1 loads, as llama.py names them: HF save_pretrained's
 # tokenizer.json, llama3_2's tiktoken tokenizer.model, stories' llama2c tokenizer.bin.
 TOKENIZER_NAMES = ("tokenizer.json", "tokenizer.model", "tokenizer.bin")
+EVICTOR_NAME = "attention_sink_evictor.pte"  # llama.py v1.4.1:724 (decoder_constants ATTENTION_SINK_EVICTOR)
 
 
 @dataclass
@@ -58,6 +59,8 @@ class QnnArtifacts:
     hybrid_ar_len: int = 32
     decoder_model_version: str = "llama3"
     extra: list[Path] = field(default_factory=list)
+    attention_sink_rope: Path | None = None  # the evictor, given to every mode's runs past the context
+    context_len: int | None = None  # llama.py --max_context_len: the manifest's model.max_context_len
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,12 @@ def find_ptes(artifact: Path) -> dict[str, Path]:
     return ptes
 
 
+def find_evictor(artifact: Path) -> Path | None:
+    """The attention-sink evictor llama.py 1.4.1 wrote beside the programs, if it did."""
+    path = artifact / EVICTOR_NAME
+    return path if path.is_file() else None
+
+
 def find_tokenizer(artifact: Path) -> Path:
     """The runtime tokenizer in the artifact folder, by the names llama.py gives it."""
     found = [artifact / n for n in TOKENIZER_NAMES if (artifact / n).is_file()]
@@ -191,6 +200,16 @@ def make_manifest(a: QnnArtifacts, manifest_path: Path) -> Bundle:
         files.append(describe_file(base, _existing(path, "--qnn-sdk"), role="qnn_lib", htp_arch=htp))
     for path in a.extra:
         files.append(describe_file(base, _existing(path, "--extra"), role="other"))
+    if a.context_len is not None and a.context_len < 2:
+        raise UsageError(f"--context-len: {a.context_len} is not a context length (at least 2)")
+    if a.attention_sink_rope is not None:
+        if a.context_len is None:
+            raise UsageError(f"--attention-sink-rope {a.attention_sink_rope}: give the model's context "
+                             f"too (--context-len, llama.py's --max_context_len): the evictor is "
+                             f"given only to runs past it")
+        files.append(describe_file(base, _existing(a.attention_sink_rope, "--attention-sink-rope"),
+                                   role="other"))
+        modes = {k: replace(m, attention_sink_rope=a.attention_sink_rope.name) for k, m in modes.items()}
     seen: dict[tuple[str, str | None], Path] = {}
     for f in files:
         key = (f.name, f.htp_arch)
@@ -199,7 +218,8 @@ def make_manifest(a: QnnArtifacts, manifest_path: Path) -> Bundle:
                              f"{f.path}")
         seen[key] = f.path
     bundle = Bundle(name=a.name, runner_dialect=a.dialect, tokenizer=a.tokenizer.name, files=files,
-                    modes=modes, decoder_model_version=a.decoder_model_version, runner=a.runner.name)
+                    modes=modes, decoder_model_version=a.decoder_model_version, runner=a.runner.name,
+                    model={} if a.context_len is None else {"max_context_len": a.context_len})
     manifest_path.parent.mkdir(parents=True, exist_ok=True)
     bundle.write(manifest_path)
     return bundle

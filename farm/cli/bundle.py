@@ -64,7 +64,9 @@ def _stage(a, base: Path, created: list[Path]):
                    tokenizer=_place(a.tokenizer, base / a.tokenizer.name, base, created),
                    runner=_place(a.runner, base / a.runner.name, base, created),
                    backend_lib=_place(a.backend_lib, base / a.backend_lib.name, base, created),
-                   extra=[_place(p, base / p.name, base, created) for p in a.extra])
+                   extra=[_place(p, base / p.name, base, created) for p in a.extra],
+                   attention_sink_rope=a.attention_sink_rope and _place(
+                       a.attention_sink_rope, base / a.attention_sink_rope.name, base, created))
 
 
 def _found(artifact: str | None, build_folder: str | None, ptes: tuple[str, ...],
@@ -94,6 +96,14 @@ def _found(artifact: str | None, build_folder: str | None, ptes: tuple[str, ...]
         if backend_lib is None:
             backend_lib = str(qnn.find_in_build(build, qnn.BACKEND_IN_BUILD, "--backend-lib"))
     return chosen, Path(tokenizer), Path(runner), Path(backend_lib)
+
+
+def _evictor(flag: str | None, artifact: str | None) -> Path | None:
+    from farm.bundle import qnn
+
+    if flag is not None:
+        return Path(flag)
+    return qnn.find_evictor(Path(artifact)) if artifact is not None else None
 
 
 def _warn_unloadable(written) -> None:
@@ -144,8 +154,15 @@ def bundle() -> None:
 @click.option("--decoder-model-version", default="llama3", show_default=True)
 @click.option("--extra", multiple=True, type=click.Path(dir_okay=False),
               help="any other file the runner needs in its workspace")
+@click.option("--attention-sink-rope", type=click.Path(dir_okay=False),
+              help="the attention-sink evictor (llama.py 1.4.1 --use_attention_sink), instead of the "
+                   "attention_sink_evictor.pte found in --artifact; given to runs past --context-len")
+@click.option("--context-len", type=int,
+              help="the model's context (llama.py --max_context_len): the suites' 'context' seq_lens, "
+                   "and runs past it get the attention-sink evictor")
 def create(manifest, name, dialect, artifact, build_folder, qnn_sdk, htp_archs, ptes, hybrid_ar_len,
-           tokenizer, runner, backend_lib, decoder_model_version, extra) -> None:
+           tokenizer, runner, backend_lib, decoder_model_version, extra, attention_sink_rope,
+           context_len) -> None:
     """Describe real QNN artifacts in MANIFEST (sizes and sha256 of every file).
 
     \b
@@ -168,7 +185,9 @@ def create(manifest, name, dialect, artifact, build_folder, qnn_sdk, htp_archs, 
                              runner=found_runner, backend_lib=found_backend, qnn_sdk=Path(qnn_sdk),
                              htp_archs=list(htp_archs), hybrid_ar_len=hybrid_ar_len,
                              decoder_model_version=decoder_model_version,
-                             extra=[Path(p) for p in extra])
+                             extra=[Path(p) for p in extra],
+                             attention_sink_rope=_evictor(attention_sink_rope, artifact),
+                             context_len=context_len)
     created: list[Path] = []
     base = Path(manifest).parent
     try:

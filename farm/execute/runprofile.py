@@ -217,6 +217,7 @@ def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str,
              "--output_path", posixpath.join(out_rel, OUTPUTS),
              "--performance_output_path", posixpath.join(out_rel, SPEED)]
     argv += mode.lookahead_args  # eval_mode 2: the --ngram/--window/--gcap its .pte was exported for
+    argv += attention_sink_args(bundle, request, dialect)
     if dialect == Dialect.QNN_V1_4:
         argv.append("--shared_buffer")
     else:
@@ -235,6 +236,26 @@ def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str,
             argv += ["--seed", str(request.seed)]
     argv += list(request.extra_args)
     return argv, outputs
+
+
+def attention_sink_args(bundle: Bundle, request: RunRequest, dialect: Dialect) -> list[str]:
+    """``--attention_sink_rope_path`` for a run that generates past the context window, where the mode
+    has an evictor. Only then: without it v1.4.1's runner stops at the context (runner.cpp:393-409), and
+    a run within the context is the same either way, so every other run stays as before. A run past the
+    context that cannot have it is bad input: the runner would end it at the context, and a test of
+    generation past it would pass on tokens it never generated."""
+    context = bundle.context()
+    if context is None or request.seq_len <= context[0]:
+        return []
+    mode = bundle.modes[request.mode]
+    where = f"{bundle.manifest_path or bundle.name}: mode {request.mode!r}"
+    if mode.attention_sink_rope is None:
+        raise UsageError(f"{where}: seq_len {request.seq_len} is past the context ({context[0]}) and the "
+                         f"mode has no 'attention_sink_rope' evictor to generate past it with")
+    if dialect == Dialect.QNN_V1_0:
+        raise UsageError(f"{where}: seq_len {request.seq_len} is past the context ({context[0]}): runner "
+                         f"dialect 'qnn-v1.0' has no --attention_sink_rope_path (added in v1.1)")
+    return mode.attention_sink_args
 
 
 def build_command(bundle: Bundle, request: RunRequest, workspace: str, out_name: str,

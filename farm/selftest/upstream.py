@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm.bundle.manifest import Bundle
+from farm.bundle.qnn import EVICTOR_NAME
 from farm.soc import HTP_ARCH_BY_SOC
 
 # README, "Virtual devices": on a virtual device qnn_llama_runner can be this two-line script.
@@ -94,6 +95,7 @@ class UpstreamFolders:
     htp_archs: tuple[str, ...]
     hybrid_ar_len: int
     decoder_model_version: str
+    context_len: int | None = None  # the reference's model.max_seq_len, for --context-len
 
     def create_args(self) -> list[str]:
         """`farm bundle create MANIFEST --name NAME` arguments describing these folders (the QNN SDK
@@ -102,8 +104,9 @@ class UpstreamFolders:
                 "--qnn-sdk", str(self.sdk)]
         for arch in self.htp_archs:
             args += ["--htp-arch", arch]
-        return args + ["--hybrid-ar-len", str(self.hybrid_ar_len),
-                       "--decoder-model-version", self.decoder_model_version]
+        args += ["--hybrid-ar-len", str(self.hybrid_ar_len),
+                 "--decoder-model-version", self.decoder_model_version]
+        return args + (["--context-len", str(self.context_len)] if self.context_len else [])
 
 
 def stage_upstream(reference: Bundle, root: Path, *, runner: str = WRAPPER,
@@ -120,6 +123,13 @@ def stage_upstream(reference: Bundle, root: Path, *, runner: str = WRAPPER,
         if mode.eval_mode in PTE_NAMES:
             shutil.copyfile(path[mode.pte], artifact / PTE_NAMES[mode.eval_mode])
     shutil.copyfile(path[reference.tokenizer], artifact / reference.tokenizer)
+    evictors = {m.attention_sink_rope for m in reference.modes.values()
+                if m.eval_mode in PTE_NAMES and m.attention_sink_rope}
+    if len(evictors) > 1:
+        raise ValueError(f"{reference.name}: its kv and hybrid modes have different evictors ({evictors}); "
+                         f"llama.py writes one per artifact folder")
+    for evictor in evictors:  # llama.py 1.4.1 --use_attention_sink: beside the programs (llama.py:724)
+        shutil.copyfile(path[evictor], artifact / EVICTOR_NAME)
     runner_path = build / RUNNER_IN_BUILD
     runner_path.write_text(runner)
     runner_path.chmod(0o755)  # as the build leaves it (the farm deploys it executable either way)
@@ -135,11 +145,14 @@ def stage_upstream(reference: Bundle, root: Path, *, runner: str = WRAPPER,
     hybrid = next((m for m in reference.modes.values() if m.eval_mode == 1), None)
     return UpstreamFolders(artifact=artifact, build=build, sdk=sdk, htp_archs=tuple(htp_archs),
                            hybrid_ar_len=hybrid.ar_len if hybrid else 32,
-                           decoder_model_version=reference.decoder_model_version)
+                           decoder_model_version=reference.decoder_model_version,
+                           context_len=reference.context()[0] if reference.context() else None)
 
 
-GOLDEN_CASES = ("story", "hostile")  # a plain prompt, and one that must reach the runner as data
-GOLDEN_CHARS = 32  # of the generated text
+# A plain prompt, one that must reach the runner as data, and one generated to 3x the context with the
+# attention sink (goldens only where the reference's modes have an evictor: the suite skips it elsewhere).
+GOLDEN_CASES = ("story", "hostile", "past_context")
+GOLDEN_CHARS = 32  # of the generated text within the context; past it, all of it (the eviction's effect)
 
 
 def _toml_string(text: str) -> str:
@@ -155,9 +168,11 @@ def _toml_string(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def golden_prompts(cases_file: Path, names: tuple[str, ...] = GOLDEN_CASES) -> dict[str, str]:
+def golden_prompts(cases_file: Path, names: tuple[str, ...] = GOLDEN_CASES) -> dict[str, tuple[str, int]]:
     """The literal prompts of the cases ``names`` in a correctness cases file (suites/data/
-    correctness.toml): each must be there with a ``prompt`` and the default modes and seq_lens."""
+    correctness.toml), each with the multiple of the context it generates to (1: the default seq_len;
+    N: its one seq_lens entry "context*N"): each must be there with a ``prompt`` in every mode."""
+    import re
     import tomllib
 
     from farm.errors import UsageError
@@ -166,20 +181,26 @@ def golden_prompts(cases_file: Path, names: tuple[str, ...] = GOLDEN_CASES) -> d
         cases = {c.get("name"): c for c in tomllib.load(f).get("case", []) if isinstance(c, dict)}
     prompts = {}
     for name in names:
-        case = cases.get(name)
-        if case is None or not isinstance(case.get("prompt"), str) or "modes" in case or "seq_lens" in case:
+        case = cases.get(name) or {}
+        seq_lens = case.get("seq_lens", [])
+        past = re.fullmatch(r"context\s*\*\s*(\d+)", seq_lens[0]) \
+            if len(seq_lens) == 1 and isinstance(seq_lens[0], str) else None
+        if not isinstance(case.get("prompt"), str) or "modes" in case or (seq_lens and not past):
             raise UsageError(f"{cases_file}: no case {name!r} with a literal prompt in every mode at "
-                             f"the default seq_len (what the goldens are generated for)")
-        prompts[name] = case["prompt"]
+                             f"the default seq_len or at one 'context*N' (what the goldens are "
+                             f"generated for)")
+        prompts[name] = (case["prompt"], int(past.group(1)) if past else 1)
     return prompts
 
 
-def write_goldens(reference: Bundle, path: Path, prompts: dict[str, str], upstream: str | None = None) -> Path:
-    """goldens.toml at ``path``: for each case (name -> prompt) in each staged mode of ``reference``
-    (kv, hybrid), the first GOLDEN_CHARS characters the host runner generates from the reference's
-    program for that case's request as the correctness suite makes it (greedy, SmartMask, the default
-    seq_len), as the suite reads them back (outputs.txt, UTF-8 with replacement, after the echoed
-    prompt). ``upstream``: the release the bundle's runner is shown as (farm/runner/releases.py, e.g.
+def write_goldens(reference: Bundle, path: Path, prompts: dict[str, tuple[str, int]],
+                  upstream: str | None = None) -> Path:
+    """goldens.toml at ``path``: for each case (name -> prompt, context multiple) in each staged mode of
+    ``reference`` (kv, hybrid), the first GOLDEN_CHARS characters the host runner generates from the
+    reference's program for that case's request as the correctness suite makes it (greedy, SmartMask,
+    the default seq_len), as the suite reads them back (outputs.txt, UTF-8 with replacement, after the
+    echoed prompt). A case past the context (multiple N > 1) runs to N x the context with the mode's
+    attention-sink evictor and keeps its whole text; modes without an evictor get no golden for it. ``upstream``: the release the bundle's runner is shown as (farm/runner/releases.py, e.g.
     "v1.4.1"), whose flags and templates the goldens are generated with; None: farm-llama-runner's own."""
     import tempfile
 
@@ -196,19 +217,22 @@ def write_goldens(reference: Bundle, path: Path, prompts: dict[str, str], upstre
     lines = [f"# Golden prefixes: the host runner's greedy output of {reference.name}'s programs "
              f"(farm/selftest/upstream.py write_goldens).\n"]
     with tempfile.TemporaryDirectory() as tmp, _stdout_to_stderr():
-        for name, prompt in prompts.items():
+        for name, (prompt, multiple) in prompts.items():
             for mode_name, mode in sorted(reference.modes.items()):
-                if mode.eval_mode not in PTE_NAMES:
+                if mode.eval_mode not in PTE_NAMES or (multiple > 1 and not mode.attention_sink_rope):
                     continue
                 out = Path(tmp) / f"{mode_name}-{name}.txt"
                 argv = [*shown_as, "--model_path", str(files[mode.pte]),
                         "--tokenizer_path", str(files[reference.tokenizer]),
                         "--decoder_model_version", reference.decoder_model_version, "--prompt", prompt,
-                        "--seq_len", str(seq_len), "--temperature", "0.0",
+                        "--seq_len", str(seq_len if multiple == 1 else context_len(reference) * multiple),
+                        "--temperature", "0.0",
                         "--eval_mode", str(mode.eval_mode),
                         "--output_path", str(out), "--performance_output_path", str(Path(tmp) / "speed.txt")]
                 if release.has("kv_updater"):
                     argv += ["--kv_updater", "SmartMask"]
+                if multiple > 1:
+                    argv += ["--attention_sink_rope_path", str(files[mode.attention_sink_rope])]
                 code = exit_code(argv)
                 if code != 0:
                     raise RuntimeError(f"the host runner exited {code} on case {name!r} ({mode_name})")
@@ -219,7 +243,7 @@ def write_goldens(reference: Bundle, path: Path, prompts: dict[str, str], upstre
                     raise RuntimeError(f"case {name!r} ({mode_name}): no generated text after the "
                                        f"echoed prompt in {text[:200]!r}")
                 lines.append(f"[[golden]]\ncase = {_toml_string(name)}\nmode = {_toml_string(mode_name)}\n"
-                             f"text_prefix = {_toml_string(generated[:GOLDEN_CHARS])}\n")
+                             f"text_prefix = {_toml_string(generated if multiple > 1 else generated[:GOLDEN_CHARS])}\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
