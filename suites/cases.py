@@ -72,6 +72,7 @@ from farm.bundle.tokens import (
     check_prompt_fits,
     context_len,
     fit_prompt,
+    past_context_multiple,
     template_tokens,
 )
 from farm.config import read_toml
@@ -80,7 +81,6 @@ from farm.execute.runprofile import UPDATERS
 from farm.results.ab import ABConfig
 
 _TOKENS_RE = re.compile(r"^(chunk|max)\s*([+-]\s*\d+)?$")
-_PAST_CONTEXT_RE = re.compile(r"^context\s*\*\s*([2-9]|[1-9]\d+)$")  # "context*3": 3x the context
 def _field(entry: dict, key: str, types: type | tuple[type, ...], where: str, default: Any = ...) -> Any:
     if key not in entry:
         if default is ...:
@@ -174,7 +174,7 @@ def load_cases(path: Path) -> list[Case]:
             raise UsageError(f"{where}: 'modes' must be a list of strings")
         seq_lens = _field(entry, "seq_lens", list, where, [])
         for s in seq_lens:
-            if not (s == "context" or isinstance(s, str) and _PAST_CONTEXT_RE.match(s)
+            if not (s == "context" or past_context_multiple(s)
                     or isinstance(s, int) and not isinstance(s, bool) and s >= 2):
                 raise UsageError(f"{where}: seq_lens entry {s!r} must be an integer >= 2, 'context' "
                                  f"or 'context*N' (N >= 2: past the context, with the attention sink)")
@@ -208,8 +208,8 @@ def _seq_len(spec: str, context: int) -> int:
     """A case's seq_lens entry: an integer (capped at the context), "context", or "context*N"."""
     if spec == "context":
         return context
-    if m := _PAST_CONTEXT_RE.match(spec):
-        return context * int(m.group(1))
+    if multiple := past_context_multiple(spec):
+        return context * multiple
     return min(int(spec), context)
 
 

@@ -6,6 +6,7 @@ format (``prompt_tokens = "chunk+1"``, suites/cases.py) builds prompts of exact 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from farm.bundle.manifest import Bundle
@@ -15,6 +16,16 @@ from farm.vocab import Dialect
 DEFAULT_SEQ_LEN = 128
 FILLER = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the "
           "sunshine with her friend Tom, and every day they walked along the river to the old park. ")
+
+
+_PAST_CONTEXT_RE = re.compile(r"context\s*\*\s*([2-9]|[1-9]\d+)")
+
+
+def past_context_multiple(seq_len: object) -> int | None:
+    """N for a cases file's seq_lens entry "context*N" (N >= 2: generation past the context window,
+    with the attention sink), None for anything else ("context", an integer, "context*1")."""
+    m = _PAST_CONTEXT_RE.fullmatch(seq_len) if isinstance(seq_len, str) else None
+    return int(m.group(1)) if m else None
 
 
 # -- correctness cases ----------------------------------------------------------------------------

@@ -172,9 +172,9 @@ def golden_prompts(cases_file: Path, names: tuple[str, ...] = GOLDEN_CASES) -> d
     """The literal prompts of the cases ``names`` in a correctness cases file (suites/data/
     correctness.toml), each with the multiple of the context it generates to (1: the default seq_len;
     N: its one seq_lens entry "context*N"): each must be there with a ``prompt`` in every mode."""
-    import re
     import tomllib
 
+    from farm.bundle.tokens import past_context_multiple
     from farm.errors import UsageError
 
     with open(cases_file, "rb") as f:
@@ -183,13 +183,12 @@ def golden_prompts(cases_file: Path, names: tuple[str, ...] = GOLDEN_CASES) -> d
     for name in names:
         case = cases.get(name) or {}
         seq_lens = case.get("seq_lens", [])
-        past = re.fullmatch(r"context\s*\*\s*(\d+)", seq_lens[0]) \
-            if len(seq_lens) == 1 and isinstance(seq_lens[0], str) else None
+        past = past_context_multiple(seq_lens[0]) if len(seq_lens) == 1 else None
         if not isinstance(case.get("prompt"), str) or "modes" in case or (seq_lens and not past):
             raise UsageError(f"{cases_file}: no case {name!r} with a literal prompt in every mode at "
                              f"the default seq_len or at one 'context*N' (what the goldens are "
                              f"generated for)")
-        prompts[name] = (case["prompt"], int(past.group(1)) if past else 1)
+        prompts[name] = (case["prompt"], past or 1)
     return prompts
 
 
