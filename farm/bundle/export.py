@@ -33,6 +33,7 @@ from farm.model.tokenizer import (
     QWEN2_PAT_STR,
     QWEN2_SPECIALS,
     SENTENCEPIECE_VOCAB,
+    SMOLVLM_SPECIALS,
     train_ranks,
     write_hf_tokenizer,
     write_sentencepiece_tokenizer,
@@ -71,7 +72,7 @@ def cache_key(cfg: LlamaConfig, layout: dict | None = None) -> str:
     tokenizer: list = [CORPUS, N_MERGES]
     if cfg.tokenizer_format == "hf":
         # HF's trainer learns the merges; the split pattern and the specials are the file's too.
-        tokenizer += [_dist_version("tokenizers"), QWEN2_PAT_STR, list(QWEN2_SPECIALS)]
+        tokenizer += [_dist_version("tokenizers"), QWEN2_PAT_STR, list(hf_specials(cfg))]
     elif cfg.tokenizer_format == "llama2c":  # SentencePiece's trainer and upstream's exporter of it
         tokenizer += [_dist_version("sentencepiece"), _dist_version("pytorch-tokenizers"), SENTENCEPIECE_VOCAB]
     # A llama3/tiktoken config's key is what it was before configs had a family: its cache stays.
@@ -209,12 +210,17 @@ def write_manifest(out: Path, cfg: LlamaConfig, *, name: str, tokenizer: str, pr
     ).write(out / MANIFEST)
 
 
+def hf_specials(cfg: LlamaConfig) -> tuple[str, ...]:
+    """The added tokens of an HF tokenizer.json: SmolVLM's for its family, else Qwen's."""
+    return SMOLVLM_SPECIALS if cfg.decoder_model_version == "smolvlm" else QWEN2_SPECIALS
+
+
 def write_tokenizer(cfg: LlamaConfig, out: Path) -> tuple[str, LlamaConfig]:
     """Train and write the config's tokenizer into ``out``: its file name, and the config with the
     vocabulary it gives (base tokens + special tokens), which sizes the model."""
     tokenizer = TOKENIZER_FILES[cfg.tokenizer_format]
     if cfg.tokenizer_format == "hf":
-        n_base = write_hf_tokenizer(out / tokenizer)
+        n_base = write_hf_tokenizer(out / tokenizer, specials=hf_specials(cfg))
     elif cfg.tokenizer_format == "llama2c":
         n_base = write_sentencepiece_tokenizer(out / SENTENCEPIECE_MODEL, out / tokenizer)
     else:

@@ -116,7 +116,7 @@ def _export(cfg: LlamaConfig, out: Path, step: Callable[[int], None]) -> None:
         models, lowered = _lower_ar_lens(weights, {ar for p in programs.values() for ar in p.values()})
         step(3)
         for pte, methods in programs.items():
-            _write_program(lowered, {name: f"ar{ar}" for name, ar in methods.items()},
+            write_program(lowered, {name: f"ar{ar}" for name, ar in methods.items()},
                            metadata(models[methods["kv_forward"]]), out / pte)
         for pte, methods in export_sink.evictor_methods(cfg.prefill_ar_len, lookahead.decode_ar_len).items():
             export_sink.write_evictor(cfg, methods, out / pte)
@@ -146,7 +146,7 @@ def _lower_ar_lens(weights, ar_lens: set[int]):
     return models, to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
 
 
-def _write_program(lowered, methods: dict[str, str], constants: dict, path: Path) -> None:
+def write_program(lowered, methods: dict[str, str], constants: dict, path: Path) -> None:
     """One .pte of the lowered methods under 1.4.1's names, with the decode model's metadata as its
     constant methods (llm_wrappers.py:1044)."""
     from executorch.exir import EdgeProgramManager

@@ -116,6 +116,32 @@ class Mode:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+MODALITIES = ("vision", "audio")
+# qnn_multimodal_runner's flag for each modality's input list (decoder_constants.py v1.4.1:24-27)
+MODALITY_FLAGS = {"vision": "image_path", "audio": "audio_path"}
+
+
+@dataclass(frozen=True)
+class Multimodal:
+    """A vision- or audio-language bundle, run by qnn_multimodal_runner (ExecuTorch 1.4.1): its modes'
+    .pte is the text decoder (``--decoder_path``, input embeddings in place of tokens) and beside it
+    the encoder (``--encoder_path``) and the token embedding (``--tok_embedding_path``). ``inputs``:
+    name -> an input list file of the bundle (``--image_path`` / ``--audio_path``: raw float32 files
+    named one per line, qnn_multimodal_runner's utils.h load_raw_files), for the suites to run with."""
+
+    modality: str
+    encoder: str
+    tok_embedding: str
+    inputs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def input_flag(self) -> str:
+        return MODALITY_FLAGS[self.modality]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class Bundle:
     name: str
@@ -127,6 +153,7 @@ class Bundle:
     runner: str | None = None
     model: dict[str, Any] = field(default_factory=dict)
     manifest_path: Path | None = None
+    multimodal: Multimodal | None = None  # a bundle of qnn_multimodal_runner; None: qnn_llama_runner's
 
     def files_for(self, htp_arch: str | None) -> list[BundleFile]:
         """The files a device of this HTP arch receives: common files plus its own QNN libraries."""
@@ -155,7 +182,7 @@ class Bundle:
             "modes": {k: m.to_json() for k, m in self.modes.items()},
             "model": self.model,
             "files": [f.to_json(base) for f in self.files],
-        }
+        } | ({"multimodal": self.multimodal.to_json()} if self.multimodal else {})
 
     def write(self, path: Path) -> None:
         """Write the manifest atomically (a reader never sees half a manifest)."""
@@ -355,12 +382,30 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
     elif not isinstance(runner, str) or runner not in names:
         raise UsageError(f"{where}: field 'runner' must name one of the manifest's files "
                          f"for dialect {dialect!r}")
+    multimodal = _multimodal(raw.get("multimodal"), names, where)
     bundle = Bundle(name=name_field, runner_dialect=dialect, tokenizer=tokenizer, files=files,
                     modes=modes, runner=runner, decoder_model_version=decoder, model=dict(model),
-                    manifest_path=manifest_path.resolve())
+                    manifest_path=manifest_path.resolve(), multimodal=multimodal)
     if verify:
         verify_bundle(bundle)
     return bundle
+
+
+def _multimodal(raw: Any, names: set[str], where: str) -> Multimodal | None:
+    if raw is None:
+        return None
+    mwhere = f"{where}: multimodal"
+    if not isinstance(raw, dict):
+        raise UsageError(f"{mwhere}: must be an object, got {type(raw).__name__}")
+    modality = _require(raw, "modality", str, mwhere)
+    if modality not in MODALITIES:
+        raise UsageError(f"{mwhere}: field 'modality' is {modality!r}, not one of {', '.join(MODALITIES)}")
+    files = {key: _require(raw, key, str, mwhere) for key in ("encoder", "tok_embedding")}
+    inputs = _optional(raw, "inputs", dict, {}, mwhere)
+    for key, name in [*files.items(), *((f"inputs.{k}", v) for k, v in inputs.items())]:
+        if not isinstance(name, str) or name not in names:
+            raise UsageError(f"{mwhere}: field {key!r} ({name!r}) is not among the manifest's files")
+    return Multimodal(modality=modality, inputs=dict(inputs), **files)
 
 
 # (path, size, mtime_ns, ctime_ns, inode, device) -> sha256 of the content at that identity

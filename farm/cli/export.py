@@ -9,7 +9,7 @@ import click
 
 from farm.cli.progress import console as cli_console
 from farm.errors import UsageError
-from farm.model.config import CONFIGS
+from farm.model.config import CONFIGS, VLM_CONFIGS
 
 DEFAULT_MODEL = "tiny"
 LAYOUTS = ("v1.0", "v1.4")  # farm/bundle/export.py, farm/bundle/export_v14.py
@@ -17,7 +17,7 @@ LAYOUTS = ("v1.0", "v1.4")  # farm/bundle/export.py, farm/bundle/export_v14.py
 
 @click.command()
 @click.option("--model", "model_name", default=None,
-              help=f"reference model config: {', '.join(CONFIGS)} [default: {DEFAULT_MODEL}]")
+              help=f"reference model config: {', '.join([*CONFIGS, *VLM_CONFIGS])} [default: {DEFAULT_MODEL}]")
 @click.option("--config", "deprecated_config", default=None, hidden=True,
               help="deprecated alias of --model (everywhere else --config is the farm config)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
@@ -37,6 +37,8 @@ def export(model_name: str | None, deprecated_config: str | None, out_dir: str |
     from farm.bundle import export as v10
     from farm.bundle import export_v14 as v14
 
+    from farm.bundle import export_vlm
+
     exporter = v14 if layout == "v1.4" else v10
     if deprecated_config is not None:
         click.echo(f"farm export: warning: --config {deprecated_config} is deprecated, use --model "
@@ -45,9 +47,12 @@ def export(model_name: str | None, deprecated_config: str | None, out_dir: str |
             raise UsageError(f"--model {model_name} and --config {deprecated_config} disagree: "
                              f"give --model only")
     name = model_name or deprecated_config or DEFAULT_MODEL
-    if name not in CONFIGS:
+    if name in VLM_CONFIGS:  # 1.4.1's multimodal layout only (qnn_multimodal_runner came after v1.0.1)
+        exporter, layout = export_vlm, "v1.4"
+    elif name not in CONFIGS:
         flag = "--model" if model_name or not deprecated_config else "--config"
-        raise UsageError(f"{flag}: unknown reference model {name!r} (known: {', '.join(CONFIGS)})")
+        raise UsageError(f"{flag}: unknown reference model {name!r} (known: "
+                         f"{', '.join([*CONFIGS, *VLM_CONFIGS])})")
     if not (exporter.bundle_dir(name, out_dir) / v10.MANIFEST).is_file():
         click.echo(f"exporting the {name} reference bundle, {layout} layout (cached afterwards) ...",
                    err=True)

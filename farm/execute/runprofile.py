@@ -56,6 +56,8 @@ class RunRequest:
     seed: int | None = None
     # --dump_logits_path: every step's logits (upstream takes it with --eval_mode 0 only)
     dump_logits: bool = False
+    # A multimodal bundle's input (a key of its manifest's multimodal.inputs: an input list of images)
+    media: str | None = None
     extra_args: list[str] = field(default_factory=list)  # appended verbatim (quoted) for new flags
 
     def check(self) -> None:
@@ -190,6 +192,11 @@ def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str,
         raise UsageError(f"{bundle.manifest_path}: bundle {bundle.name!r} has no mode "
                          f"{request.mode!r} (modes: {', '.join(sorted(bundle.modes))})")
     mode = bundle.modes[request.mode]
+    if bundle.multimodal is not None:
+        return multimodal_argv(bundle, request, out_rel, dialect), {"outputs": OUTPUTS, "speed": SPEED}
+    if request.media is not None:
+        raise UsageError(f"{bundle.manifest_path}: bundle {bundle.name!r} is not multimodal: it takes no "
+                         f"input {request.media!r}")
     outputs = {"outputs": OUTPUTS, "speed": SPEED}
     # The dialect decides the flags, never the binary: a bundle that declares a runner runs that runner,
     # even one that speaks the host runner's flags (a wrapper passing --help through to it), or the
@@ -236,6 +243,42 @@ def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str,
             argv += ["--seed", str(request.seed)]
     argv += list(request.extra_args)
     return argv, outputs
+
+
+MULTIMODAL_EMULATION = "--ptefarm_upstream=multimodal-v1.4.1"  # farm/runner/releases.py MULTIMODAL_V1_4_1
+
+
+def multimodal_argv(bundle: Bundle, request: RunRequest, out_rel: str, dialect: Dialect) -> list[str]:
+    """qnn_multimodal_runner's argv (ExecuTorch 1.4.1, device_evaluator.py:185-206 and
+    _init_multimodal_base_cmd): the decoder, encoder and token embedding programs, the input list of
+    the request's ``media``. v1.1 and later only; the host runner shows itself as v1.4.1's."""
+    mm = bundle.multimodal
+    where = f"{bundle.manifest_path or bundle.name}"
+    if dialect == Dialect.QNN_V1_0:
+        raise UsageError(f"{where}: a multimodal bundle needs qnn_multimodal_runner (ExecuTorch 1.1 and "
+                         f"later), not runner dialect 'qnn-v1.0'")
+    if request.media is None or request.media not in mm.inputs:
+        raise UsageError(f"{where}: a {mm.modality} bundle runs with one of its inputs "
+                         f"({', '.join(sorted(mm.inputs)) or 'none listed'}), got {request.media!r}")
+    if request.seed is not None and request.temperature > 0:
+        raise UsageError("qnn_multimodal_runner has no --seed: sampling at temperature "
+                         f"{request.temperature:g} cannot be made reproducible")
+    mode = bundle.modes[request.mode]
+    argv = [runner_path(bundle)] + ([] if bundle.runner else [MULTIMODAL_EMULATION])
+    argv += ["--decoder_path", mode.pte, "--encoder_path", mm.encoder, "--tok_embedding_path", mm.tok_embedding,
+             "--tokenizer_path", bundle.tokenizer, "--decoder_model_version", bundle.decoder_model_version]
+    for prompt in request.prompts:
+        argv += ["--prompt", prompt]
+    if request.system_prompt is not None:
+        argv += ["--system_prompt", request.system_prompt]
+    argv += ["--seq_len", str(request.seq_len), "--temperature", repr(float(request.temperature)),
+             "--eval_mode", str(mode.eval_mode), "--num_iters", str(request.num_iters),
+             "--output_path", posixpath.join(out_rel, OUTPUTS),
+             "--performance_output_path", posixpath.join(out_rel, SPEED),
+             "--shared_buffer", f"--{mm.input_flag}", mm.inputs[request.media]]
+    if request.dump_logits:
+        raise UsageError("run request: the farm does not dump a multimodal run's logits yet")
+    return argv + list(request.extra_args)
 
 
 def attention_sink_args(bundle: Bundle, request: RunRequest, dialect: Dialect) -> list[str]:

@@ -79,3 +79,46 @@ CONFIGS: dict[str, LlamaConfig] = {
     "small": LlamaConfig(name="small", dim=256, n_layers=4, n_heads=8, n_kv_heads=2, hidden_dim=512,
                          max_seq_len=4096, prefill_ar_len=128, seed=4321),
 }
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """The reference vision encoder (farm/model/vision.py): SmolVLM's shape, small."""
+
+    image_size: int = 32
+    patch_size: int = 4
+    hidden: int = 32
+    n_layers: int = 1
+    n_heads: int = 2
+    mlp: int = 64
+    scale_factor: int = 2  # Idefics3Connector's pixel shuffle
+    norm_eps: float = 1e-6
+    seed: int = 77
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def n_image_tokens(self) -> int:
+        return self.n_patches // self.scale_factor ** 2
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> None:
+        side = self.image_size // self.patch_size
+        if self.image_size % self.patch_size or side % self.scale_factor:
+            raise ValueError("vision config: patch_size must divide image_size and scale_factor the patch grid")
+        if self.hidden % self.n_heads:
+            raise ValueError("vision config: n_heads must divide hidden")
+
+
+# The reference vision-language bundle (farm/bundle/export_vlm.py): a text decoder of tiny's size in the
+# smolvlm family (an HF tokenizer.json with SmolVLM's added tokens), its own seed, and the encoder.
+VLM_CONFIGS: dict[str, tuple[LlamaConfig, VisionConfig]] = {
+    "tiny-smolvlm": (LlamaConfig(name="tiny-smolvlm", dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                                 hidden_dim=128, max_seq_len=128, prefill_ar_len=16, seed=5005,
+                                 decoder_model_version="smolvlm", tokenizer_format="hf"),
+                     VisionConfig()),
+}

@@ -192,8 +192,14 @@ def causal_block(ar: int) -> torch.Tensor:
 @torch.no_grad()
 def eager_logits(weights: LlamaWeights, token_ids: list[int]) -> torch.Tensor:
     """Logits [len, vocab] of a whole sequence with full causal attention and no cache."""
-    n = len(token_ids)
-    x = weights.embed(torch.tensor(token_ids))
+    return eager_logits_of_embeddings(weights, weights.embed(torch.tensor(token_ids)))
+
+
+@torch.no_grad()
+def eager_logits_of_embeddings(weights: LlamaWeights, x: torch.Tensor) -> torch.Tensor:
+    """Logits [len, vocab] of a sequence of input embeddings [len, dim] (a multimodal prompt's token
+    and image embeddings), full causal attention, no cache."""
+    n = x.shape[0]
     cos, sin = weights.rope_cos[:n], weights.rope_sin[:n]
     mask = causal_block(n)
     for layer in weights.layers:

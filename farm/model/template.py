@@ -117,7 +117,7 @@ MULTIMODAL_VERSIONS = ("granite_speech", "smolvlm", "internvl3")
 def check_version(version: str, upstream: str = V1_0_1) -> None:
     known = families(upstream)
     if version not in known:
-        hint = ("; it is a version of qnn_multimodal_runner, which the farm does not emulate yet"
+        hint = ("; it is a version of qnn_multimodal_runner (farm/runner/multimodal.py)"
                 if version in MULTIMODAL_VERSIONS else "")
         raise UsageError(f"--decoder_model_version: unsupported {version!r} (qnn_llama_runner {upstream} "
                          f"knows {', '.join(known)}){hint}")
@@ -157,3 +157,31 @@ class PromptTemplate:
     def piece(self, token_id: int, prev_id: int | None = None) -> bytes:
         """What upstream's ``tokenizer->decode(prev, token)`` writes for one token."""
         return self.tok.piece(token_id, prev_id)
+
+
+# -- qnn_multimodal_runner v1.4.1 (runner/multimodal_runner/vision_chat_template.h, VCT below) ----------
+
+IMAGE_TOKEN = "<image>"  # VCT:16 IMG_TOKEN: where an image's embeddings go
+# VCT:24-40: what wraps each <image> (start, global image, end)
+_VISION_WRAP = {"smolvlm": ("<fake_token_around_image>", "<global-img>", "<fake_token_around_image>"),
+                "internvl3": ("<img>", "", "</img>")}
+# multimodal_runner.cpp:198-203: the end of a turn, beside the tokenizer's EOS
+VISION_END_MARKERS = {"smolvlm": "<end_of_utterance>", "internvl3": "<|im_end|>"}
+VISION_VERSIONS = tuple(_VISION_WRAP)
+
+
+def format_vision_prompt(prompt: str, system_prompt: str, version: str) -> str:
+    """VCT apply_chat_template (VCT:66-101): the turn around the prompt, each <image> expanded
+    (expand_image_tokens, VCT:42-64). An unknown version is upstream's "unsupported Vision-Language
+    model version"."""
+    if version not in _VISION_WRAP:
+        raise UsageError(f"--decoder_model_version: unsupported {version!r} (qnn_multimodal_runner v1.4.1's "
+                         f"vision-language models: {', '.join(VISION_VERSIONS)})")
+    start, global_img, end = _VISION_WRAP[version]
+    expanded = prompt.replace(IMAGE_TOKEN, start + global_img + IMAGE_TOKEN + end)
+    if version == "smolvlm":
+        system = (f"<|start_header_id|>system<|end_header_id|>\n\n{system_prompt}<|eot_id|>"
+                  if system_prompt else "")
+        return f"{system}<|im_start|>User:{expanded}<end_of_utterance>\nAssistant:"
+    system = f"<|im_start|>system<|im_end|>\n\n{system_prompt}<|im_end|>" if system_prompt else ""
+    return f"{system}<|im_start|>user:\n{expanded}<|im_end|>assistant\n"

@@ -46,6 +46,11 @@ QWEN2_PAT_STR = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| 
 # up and takes id 0 for <|endoftext|> + <|im_end|>): with <|endoftext|> the only "end" token every
 # version takes it for both, as qwen2_5 means it.
 QWEN2_SPECIALS = ("<|endoftext|>", "<|im_start|>")
+# SmolVLM's (HuggingFaceTB/SmolVLM-500M-Instruct tokenizer.json added tokens) that 1.4.1's multimodal
+# runner writes or looks up: vision_chat_template.h's image wrapping, the end of a turn
+# (multimodal_runner.cpp:199-201).
+SMOLVLM_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>",
+                    "<global-img>", "<image>")
 
 CORPUS = """\
 Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine.
@@ -366,10 +371,11 @@ def write_sentencepiece_tokenizer(model_path: Path, bin_path: Path, text: str = 
     return vocab_size
 
 
-def write_hf_tokenizer(path: Path, text: str = CORPUS, n_merges: int = N_MERGES) -> int:
+def write_hf_tokenizer(path: Path, text: str = CORPUS, n_merges: int = N_MERGES,
+                       specials: tuple[str, ...] = QWEN2_SPECIALS) -> int:
     """A Qwen2-style byte-level BPE ``tokenizer.json`` learnt by HF's ``tokenizers`` from ``text``:
     the regex split then byte-level pre-tokenizer and decoder of Qwen2.5's file, 256 byte tokens and
-    ``n_merges`` merges, Qwen's specials after them. Returns the number of base (non-special) tokens."""
+    ``n_merges`` merges, ``specials`` (Qwen's) after them. Returns the number of base (non-special) tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -382,6 +388,6 @@ def write_hf_tokenizer(path: Path, text: str = CORPUS, n_merges: int = N_MERGES)
                                   show_progress=False)
     tok.train_from_iterator([text], trainer)
     n_base = tok.get_vocab_size()
-    tok.add_special_tokens(list(QWEN2_SPECIALS))
+    tok.add_special_tokens(list(specials))
     write_atomic(path, tok.to_str(pretty=True))
     return n_base

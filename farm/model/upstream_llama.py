@@ -52,6 +52,23 @@ def static_llama() -> types.ModuleType:
             sys.modules.pop(key, None)
 
 
+def token_embedding_module() -> types.ModuleType:
+    """The wheel's ``...oss_scripts.llama.model.embedding`` (TokenEmbedding, what llama.py exports as
+    tok_embedding_qnn.pte), imported as ``static_llama()`` imports its module."""
+    static_llama()  # the bare package
+    return importlib.import_module(f"{PACKAGE}.model.embedding")
+
+
+def decoder_of_embeddings(weights: LlamaWeights, ar_len: int):
+    """SL's LlamaModelWithoutEmbedding (a multimodal text decoder: input embeddings in place of
+    tokens) at one ar_len with the reference weights, built as ``decoder`` builds LlamaModel."""
+    model = static_llama().LlamaModelWithoutEmbedding(model_args(weights.cfg), ar_len=ar_len,
+                                                      output_new_cache_only=True, output_cache=True,
+                                                      use_i64_token=False)
+    model.load_state_dict(state_dict(weights), strict=True)
+    return model.eval()
+
+
 def _transformers_stand_in() -> dict[str, types.ModuleType]:
     """``transformers.activations`` as model/feed_forward.py:11 imports it: only CodeGen's MLP
     (feed_forward.py:55) builds a GELUActivation, which no reference config uses."""

@@ -152,7 +152,7 @@ def run(argv: list[str]) -> int:
         raise GflagsExit(f"ERROR: unknown command line flag '{name}'")
     args = build_parser(release=release).parse_args(argv)
     if args.help or args.helpfull:
-        sys.stdout.write(help_text(argv, release, PROG if release is HOST else "qnn_llama_runner"))
+        sys.stdout.write(help_text(argv, release, PROG if release is HOST else release.program))
         return 1  # gflags exits 1 after --help (gflags_reporting.cc HandleCommandLineHelpFlags)
     given = vars(build_parser(defaults=False, release=release).parse_args(argv))
     if "dump_logits_path" in given and args.eval_mode != 0:
@@ -167,6 +167,10 @@ def run(argv: list[str]) -> int:
         raise UsageError("Only provide prompt or tokenized_input but not both.")
     if args.num_iters < 1:
         raise UsageError(f"--num_iters: must be at least 1, got {args.num_iters}")
+    if release.multimodal:  # qnn_multimodal_runner (farm/runner/multimodal.py)
+        from farm.runner import multimodal
+
+        return multimodal.run(args, prompts, release, _write_atomic)
     # Absent from a release's flags: its only updater (v1.4.1: SmartMask), no seed of ours (0).
     args.kv_updater = getattr(args, "kv_updater", release.updaters[0])
     args.seed = getattr(args, "seed", 0)

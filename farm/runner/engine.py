@@ -119,15 +119,19 @@ class LlamaRunner:
                  io_mgr_cls: type[IoMgr], decoder_model_version: str = "llama3",
                  dump_logits: bool = False, lookahead: LookaheadConfig | None = None,
                  seed: int = 0, upstream: str = "v1.0.1", kv_method: str = "forward",
-                 attention_sink_rope_path: str = ""):
+                 attention_sink_rope_path: str = "", flag: str = "--model_path",
+                 make_template=None):
+        """``flag``: the runner's flag naming ``model_path``, for messages; ``make_template``: the
+        prompt template of another runner's models (farm/runner/multimodal.py), from the tokenizer."""
         from farm.model.tokenizer import load_tokenizer
 
         if eval_mode not in METHODS:
             raise UsageError(f"--eval_mode: {eval_mode} ({EvalMode.from_number(eval_mode) or 'unknown'}) "
                              "is not supported; use 0 (kv), 1 (hybrid) or 2 (lookahead)")
-        check_version(decoder_model_version, upstream)  # upstream: whose templates (farm.model.template)
+        if make_template is None:
+            check_version(decoder_model_version, upstream)  # upstream: whose templates (farm.model.template)
         self.stats = Stats(model_load_start_ms=now_ms())
-        self.program = _load_program(model_path)
+        self.program = load_program(model_path, flag)
         names = set(self.program.method_names)
         # kv_method: what eval_mode 0 runs, v1.0.1's `forward` or v1.4.1's `kv_forward` (runner.cpp
         # v1.4.1:165-169), whichever release the runner is (farm/runner/releases.py)
@@ -141,7 +145,8 @@ class LlamaRunner:
             raise UsageError(f"--model_path: {model_path} has no method {missing[0]!r} needed by "
                              f"--eval_mode {eval_mode} (it has: {', '.join(sorted(names))})")
         self.tokenizer = load_tokenizer(tokenizer_path)
-        self.template = PromptTemplate(self.tokenizer, decoder_model_version, upstream)
+        self.template = (make_template(self.tokenizer) if make_template is not None
+                         else PromptTemplate(self.tokenizer, decoder_model_version, upstream))
         prefill_name, decode_name = methods
         self.prefill = self.program.load_method(prefill_name)
         self.decode = self.program.load_method(decode_name)
@@ -156,7 +161,7 @@ class LlamaRunner:
             from farm.runner.attention_sink import FLAG, AttentionSink
 
             self.sink = AttentionSink(attention_sink_rope_path,
-                                      _load_program(attention_sink_rope_path, FLAG),
+                                      load_program(attention_sink_rope_path, FLAG),
                                       {prefill_name: self.prefill, decode_name: self.decode})
         ar_len = io_v14.ar_len if self.v14 else (lambda m: m.metadata.input_tensor_meta(0).sizes()[1])
         self.prefill_ar, self.decode_ar = ar_len(self.prefill), ar_len(self.decode)
@@ -259,7 +264,7 @@ class LlamaRunner:
         # The prefill's token is sampled outside the stats' sampling timer (prompt_processor.cpp:341;
         # only the generators' loops time theirs, TOK:295-298, LHD:327-330), and decoded after
         # itself: decode(cur_token, cur_token), runner.cpp:430-431.
-        token = _pick(self._prefill(ids), temperature, gen)
+        token = pick(self._prefill(ids), temperature, gen)
         clock.prefill(len(ids))
         stats.first_token_ms = stats.prompt_eval_end_ms = clock.now_ms()
         generated = [token]
@@ -350,7 +355,7 @@ class LlamaRunner:
                     c.active = c.active and v < cfg.ngram - 1 and token == c.tokens[v + 1]
                 if v == 0:
                     last = (cfg.ngram - 2) * cfg.window
-                    state.advance([_pick(logits[last + i], temperature, gen) for i in range(cfg.window)])
+                    state.advance([pick(logits[last + i], temperature, gen) for i in range(cfg.window)])
             if self.delay_s:
                 time.sleep(self.delay_s * len(selected))
             if self.sink is None and pos > self.context_len - ar:
@@ -425,12 +430,12 @@ class LlamaRunner:
 
     def _sample(self, logits: np.ndarray, temperature: float, gen: torch.Generator, stats: Stats) -> int:
         start = self.clock.now_ms()
-        token = _pick(logits, temperature, gen)
+        token = pick(logits, temperature, gen)
         stats.aggregate_sampling_time_ms += self.clock.now_ms() - start
         return token
 
 
-def _pick(logits: np.ndarray, temperature: float, gen: torch.Generator) -> int:
+def pick(logits: np.ndarray, temperature: float, gen: torch.Generator) -> int:
     if temperature == 0:
         return int(logits.argmax())  # the first maximum, as torch.argmax
     probs = torch.softmax(torch.from_numpy(logits).double() / temperature, dim=-1)
@@ -479,7 +484,7 @@ def import_runtime():
             del sys.modules["executorch.exir"]
 
 
-def _load_program(model_path: str, flag: str = "--model_path"):
+def load_program(model_path: str, flag: str = "--model_path"):
     Runtime = import_runtime().Runtime
 
     p = Path(model_path)

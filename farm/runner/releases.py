@@ -141,6 +141,37 @@ V1_4_1_FLAGS: tuple[Flag, ...] = (
 )
 
 
+# qnn_multimodal_runner v1.4.1 (QMR = examples/qualcomm/oss_scripts/llama/qnn_multimodal_runner.cpp:42-119),
+# in its order; help texts verbatim (several differ from qnn_llama_runner's).
+QMR_FILE = "/executorch/examples/qualcomm/oss_scripts/llama/qnn_multimodal_runner.cpp"
+MULTIMODAL_V1_4_1_FLAGS: tuple[Flag, ...] = (
+    Flag("tok_embedding_path", "string", "tok_embedding.pte",
+         "Path to tok_embedding model serialized in flatbuffer format."),
+    Flag("encoder_path", "string", "encoder.pte", "Path to vision encoder model serialized in flatbuffer format."),
+    Flag("decoder_path", "string", "decoder.pte", "Path to decoder model serialized in flatbuffer format."),
+    Flag("tokenizer_path", "string", "tokenizer.bin", "Tokenizer path."),
+    _OUTPUT, _SPEED,
+    Flag("dump_logits_path", "string", "", "If path is provided, program will dump all logits generated."),
+    Flag("decoder_model_version", "string", "llama3", "The decoder model version."),
+    Flag("prompt", "string", None, "Text prompt for the multimodal model.", shown_default="Describe this image:"),
+    _TOKENIZED,
+    Flag("audio_path", "string", "",
+         "Path to input audio file. For Audio-Language models, please specify audio path."),
+    Flag("image_path", "string", "",
+         "Path to input image file. For Vision-Language models, please specify image path."),
+    Flag("system_prompt", "string", "", "System prompt for the model."),
+    _TEMPERATURE, _SEQ_LEN, _EVAL_MODE,
+    Flag("shared_buffer", "bool", False,
+         "Specifies to use shared buffers for zero-copy use case between the application and "
+         "device/co-processor associated with the backend."),
+    Flag("ngram", "int32", 0, "[Lookahead Decoding] Size of n-grams used in lookahead process."),
+    Flag("window", "int32", 0, "[Lookahead Decoding] Number of future tokens to predict in each step."),
+    Flag("gcap", "int32", 0, "[Lookahead Decoding] Maximum number of speculations or candidate n-grams."),
+    Flag("num_iters", "int32", 1, "Total number of iterations to run."),
+    *_GFLAGS_OWN,
+)
+
+
 class Release(NamedTuple):
     """What one runner shows of itself. A NamedTuple: the zygote client imports this module, and
     dataclasses costs its start-up ~0.1 s."""
@@ -162,6 +193,11 @@ class Release(NamedTuple):
     # it runs programs of 1.4.1's I/O layout only (a 4-D mask, one cache per layer: RUN v1.4.1:234-249
     # read them so); the host release runs both (farm/runner/io_v14.py tells them apart)
     v14_layout_only: bool
+    program: str = "qnn_llama_runner"  # the binary's name (--help's first line); qnn_multimodal_runner: its run
+
+    @property
+    def multimodal(self) -> bool:
+        return self.program == "qnn_multimodal_runner"
 
     def flag_infos(self) -> list[FlagInfo]:
         return [f.info(self.flags_file) for f in self.flags]
@@ -179,7 +215,9 @@ HOST = Release("host", HOST_FLAGS, HOST_FLAGS_FILE,
 V1_4_1 = Release("v1.4.1", V1_4_1_FLAGS, QLR_FILE, "Warning: SetUsageMessage() never called", "v1.4.1",
                  observer_rates=True, newline_at_limit=True, gflags_errors=True, updaters=("SmartMask",),
                  kv_method="kv_forward", v14_layout_only=True)
-RELEASES: dict[str, Release] = {r.name: r for r in (HOST, V1_4_1)}
+MULTIMODAL_V1_4_1 = V1_4_1._replace(name="multimodal-v1.4.1", flags=MULTIMODAL_V1_4_1_FLAGS, flags_file=QMR_FILE,
+                                    program="qnn_multimodal_runner")
+RELEASES: dict[str, Release] = {r.name: r for r in (HOST, V1_4_1, MULTIMODAL_V1_4_1)}
 
 
 def split_release(argv: list[str]) -> tuple[Release, list[str]]:
