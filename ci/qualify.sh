@@ -16,6 +16,10 @@
 #                 qnn_llama_runner that is v1.4.1's (--shared_buffer, no --kv_updater, 1.4.1's
 #                 templates and observer line), `farm bundle create --dialect qnn-v1.4`d: SmartMask
 #                 only, checked against goldens                             -> reports/latest-upstream-v1.4
+#   tiny-smolvlm  reference vision-language bundle (smolvlm: vision encoder, token embedding, a text
+#                 decoder of embeddings; farm/bundle/export_vlm.py), run by qnn_multimodal_runner v1.4.1
+#                 as the host runner shows it: goldens of the float model per image and mode, the
+#                 decoder's rates with the encoder's time apart        -> reports/latest-tiny-smolvlm
 #   small         reference bundle with a KV cache of 4096 (upstream's SM8650 measurement), on two
 #                 simulated SM8650s (--virtual-timing phone: every figure SIMULATED): the long-context
 #                 cases (suites/data/long_context.toml: both updaters to the end of the 4096 context)
@@ -108,7 +112,7 @@ lane() {  # MODEL...: one after another; an interrupted leg ends the lane
 
 # Balanced by measurement (tiny ~45 s, tiny-qwen2_5 ~50 s, upstream ~30 s, small ~60 s alone, each with
 # its export): the small leg's long runs beside the first lane's three.
-lane tiny upstream upstream-v1.4 &
+lane tiny upstream upstream-v1.4 tiny-smolvlm &
 lanes=($!)
 lane small tiny-qwen2_5 tiny-stories &
 lanes+=($!)

@@ -22,6 +22,11 @@ ASSISTANT_HEADER = "<|start_header_id|>assistant<|end_header_id|>\n\n"
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "point" not in metafunc.fixturenames:
         return
+    if ensure_run(metafunc.config).bundle.multimodal is not None:
+        reason = ("a multimodal bundle: its text-only cases do not apply; suites/test_multimodal.py checks "
+                  "it against its goldens in every mode")
+        metafunc.parametrize("point", [pytest.param(None, id="multimodal", marks=pytest.mark.skip(reason=reason))])
+        return
     points = correctness_points(metafunc.config)
     if metafunc.definition.originalname == "test_matches_golden":
         goldens = bundle_goldens(metafunc.config)

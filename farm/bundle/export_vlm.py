@@ -42,7 +42,7 @@ from farm.bundle.manifest import Bundle, Mode, Multimodal, describe_file
 from farm.errors import UsageError
 from farm.model.config import VLM_CONFIGS, LlamaConfig, VisionConfig
 
-EXPORTER_VERSION = "1"
+EXPORTER_VERSION = "2"  # 2: goldens carry their text
 ENCODER_PTE = "vision_encoder_qnn.pte"
 TOK_EMBEDDING_PTE = "tok_embedding_qnn.pte"
 KV_PTE, HYBRID_PTE = export_v14.KV_PTE, export_v14.HYBRID_PTE
@@ -126,10 +126,10 @@ def _export(cfg: LlamaConfig, vision_cfg: VisionConfig, out: Path, step: Callabl
             image = test_image(vision_cfg, seed)
             (out / image_file(name)).write_bytes(image.numpy().astype("<f4").tobytes())
             (out / input_list_file(name)).write_text(image_file(name) + "\n", encoding="utf-8")
-            goldens.append({"image": name, "prompt": GOLDEN_PROMPT, "seq_len": GOLDEN_SEQ_LEN,
-                            "generated_ids": golden_tokens(weights, encoder, tokenizer_path=out / tokenizer,
-                                                           image=image, prompt=GOLDEN_PROMPT,
-                                                           seq_len=GOLDEN_SEQ_LEN)})
+            ids = golden_tokens(weights, encoder, tokenizer_path=out / tokenizer, image=image,
+                                prompt=GOLDEN_PROMPT, seq_len=GOLDEN_SEQ_LEN)
+            goldens.append({"input": name, "prompt": GOLDEN_PROMPT, "seq_len": GOLDEN_SEQ_LEN,
+                            "generated_ids": ids, "text": golden_text(out / tokenizer, ids)})
         (out / GOLDENS).write_text(json.dumps({"goldens": goldens}, indent=1) + "\n", encoding="utf-8")
     step(4)
     files = [describe_file(out, out / f, role="pte") for f in (KV_PTE, HYBRID_PTE, ENCODER_PTE, TOK_EMBEDDING_PTE)]
@@ -149,6 +149,16 @@ def _export(cfg: LlamaConfig, vision_cfg: VisionConfig, out: Path, step: Callabl
            multimodal=Multimodal(modality="vision", encoder=ENCODER_PTE, tok_embedding=TOK_EMBEDDING_PTE,
                                  inputs={name: input_list_file(name) for name in IMAGES}),
            ).write(out / MANIFEST)
+
+
+def golden_text(tokenizer_path: Path, ids: list[int]) -> str:
+    """What the runner writes after the echo for ``ids``: each piece decoded after the one before it
+    (the first after itself, multimodal_runner.cpp:528-531). UTF-8: the reference writes no partial
+    byte (LlamaConfig.partial_pieces)."""
+    from farm.model.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_path)
+    return b"".join(tok.piece(t, p) for p, t in zip([ids[0], *ids[:-1]], ids)).decode("utf-8")
 
 
 def golden_tokens(weights, encoder, *, tokenizer_path: Path, image, prompt: str, seq_len: int) -> list[int]:

@@ -128,7 +128,10 @@ def qualify(virtual_socs, virtual_timing, manifest, model_config, socs, workers,
         sharding += ["--farm-dist", dist]
     if manifest is None:
         from farm.bundle.export import export_bundle
+        from farm.model.config import VLM_CONFIGS
 
+        if model_config in VLM_CONFIGS:  # the vision-language reference (farm/bundle/export_vlm.py)
+            from farm.bundle.export_vlm import export_bundle
         manifest = str(export_bundle(model_config))
     from farm.bundle.manifest import load
 

@@ -215,14 +215,7 @@ def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str,
 
     argv += ["--model_path", mode.pte, "--tokenizer_path", bundle.tokenizer,
              "--decoder_model_version", bundle.decoder_model_version]
-    for prompt in request.prompts:
-        argv += ["--prompt", prompt]
-    if request.system_prompt is not None:
-        argv += ["--system_prompt", request.system_prompt]
-    argv += ["--seq_len", str(request.seq_len), "--temperature", repr(float(request.temperature)),
-             "--eval_mode", str(mode.eval_mode), "--num_iters", str(request.num_iters),
-             "--output_path", posixpath.join(out_rel, OUTPUTS),
-             "--performance_output_path", posixpath.join(out_rel, SPEED)]
+    argv += generation_args(request, mode, out_rel)
     argv += mode.lookahead_args  # eval_mode 2: the --ngram/--window/--gcap its .pte was exported for
     argv += attention_sink_args(bundle, request, dialect)
     if dialect == Dialect.QNN_V1_4:
@@ -243,6 +236,20 @@ def runner_argv(bundle: Bundle, request: RunRequest, out_rel: str,
             argv += ["--seed", str(request.seed)]
     argv += list(request.extra_args)
     return argv, outputs
+
+
+def generation_args(request: RunRequest, mode, out_rel: str) -> list[str]:
+    """The flags qnn_llama_runner and qnn_multimodal_runner share: the prompts (one ``--prompt``
+    each, as upstream's CollectPrompts reads them), the generation and the output files."""
+    argv = []
+    for prompt in request.prompts:
+        argv += ["--prompt", prompt]
+    if request.system_prompt is not None:
+        argv += ["--system_prompt", request.system_prompt]
+    return argv + ["--seq_len", str(request.seq_len), "--temperature", repr(float(request.temperature)),
+                   "--eval_mode", str(mode.eval_mode), "--num_iters", str(request.num_iters),
+                   "--output_path", posixpath.join(out_rel, OUTPUTS),
+                   "--performance_output_path", posixpath.join(out_rel, SPEED)]
 
 
 MULTIMODAL_EMULATION = "--ptefarm_upstream=multimodal-v1.4.1"  # farm/runner/releases.py MULTIMODAL_V1_4_1
@@ -267,15 +274,8 @@ def multimodal_argv(bundle: Bundle, request: RunRequest, out_rel: str, dialect: 
     argv = [runner_path(bundle)] + ([] if bundle.runner else [MULTIMODAL_EMULATION])
     argv += ["--decoder_path", mode.pte, "--encoder_path", mm.encoder, "--tok_embedding_path", mm.tok_embedding,
              "--tokenizer_path", bundle.tokenizer, "--decoder_model_version", bundle.decoder_model_version]
-    for prompt in request.prompts:
-        argv += ["--prompt", prompt]
-    if request.system_prompt is not None:
-        argv += ["--system_prompt", request.system_prompt]
-    argv += ["--seq_len", str(request.seq_len), "--temperature", repr(float(request.temperature)),
-             "--eval_mode", str(mode.eval_mode), "--num_iters", str(request.num_iters),
-             "--output_path", posixpath.join(out_rel, OUTPUTS),
-             "--performance_output_path", posixpath.join(out_rel, SPEED),
-             "--shared_buffer", f"--{mm.input_flag}", mm.inputs[request.media]]
+    argv += generation_args(request, mode, out_rel)
+    argv += ["--shared_buffer", f"--{mm.input_flag}", mm.inputs[request.media]]
     if request.dump_logits:
         raise UsageError("run request: the farm does not dump a multimodal run's logits yet")
     return argv + list(request.extra_args)

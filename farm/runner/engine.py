@@ -274,23 +274,28 @@ class LlamaRunner:
             n_generated, reached_eos, newlines = self._lookahead_loop(
                 ids, token, seq_len, temperature, gen, generated, text)
             return self._finish(ids, generated, text, n_generated, reached_eos, newlines)
-        reached_eos = False
-        # token_generator.cpp: EOS is looked for only in what the loop samples, never in the token
-        # prefill produced; the loop's last token is written but not fed, so the next prompt starts
-        # where this one's last step ended.
+        reached_eos = self.decode_loop(token, seq_len, temperature, gen, generated, text)
+        return self._finish(ids, generated, text, self.cur_pos - start_pos - len(ids), reached_eos,
+                            int(reached_eos))
+
+    def decode_loop(self, token: int, seq_len: int, temperature: float, gen: torch.Generator,
+                    generated: list[int], text: bytearray) -> bool:
+        """The token generator's loop from the prefill's ``token``: each sampled token appended to
+        ``generated`` and its piece to ``text``; whether it ended at an end token.
+        token_generator.cpp: EOS is looked for only in what the loop samples, never in the token
+        prefill produced; the loop's last token is written but not fed, so the next prompt starts
+        where this one's last step ended."""
         while self.cur_pos < seq_len - 1:
             prev, token = token, self._sample(self._step(self.decode, [token], self.decode_logits),
-                                              temperature, gen, stats)
-            clock.decode()
+                                              temperature, gen, self.stats)
+            self.clock.decode()
             generated.append(token)
             text += self.template.piece(token, prev)  # decode(prev_token, cur_token), TOK:316-317
             if self.delay_s:
                 time.sleep(self.delay_s)
             if token in self.template.eos_ids:
-                reached_eos = True
-                break
-        return self._finish(ids, generated, text, self.cur_pos - start_pos - len(ids), reached_eos,
-                            int(reached_eos))
+                return True
+        return False
 
     def _finish(self, ids: list[int], generated: list[int], text: bytearray, n_generated: int,
                 reached_eos: bool, newlines: int) -> Generation:

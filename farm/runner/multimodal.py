@@ -165,16 +165,7 @@ class MultimodalRunner(LlamaRunner):
         generated = [token]
         text += self.template.piece(token, token)
         self.io.switch_method(self.decode_ar)
-        reached_eos = False
-        while self.cur_pos < seq_len - 1:
-            prev, token = token, self._sample(self._step(self.decode, [token], self.decode_logits),
-                                              temperature, gen, stats)
-            clock.decode()
-            generated.append(token)
-            text += self.template.piece(token, prev)
-            if token in self.template.eos_ids:
-                reached_eos = True
-                break
+        reached_eos = self.decode_loop(token, seq_len, temperature, gen, generated, text)
         stats.inference_end_ms = clock.now_ms()
         stats.prompt_tokens = n_prompt
         stats.generated_tokens = self.cur_pos - start_pos - n_prompt

@@ -32,7 +32,7 @@ EMULATE = "--ptefarm_upstream=multimodal-v1.4.1"
 
 
 def _goldens(manifest: Path) -> dict[str, dict]:
-    return {g["image"]: g for g in json.loads((manifest.parent / export_vlm.GOLDENS).read_text())["goldens"]}
+    return {g["input"]: g for g in json.loads((manifest.parent / export_vlm.GOLDENS).read_text())["goldens"]}
 
 
 def _golden_text(manifest: Path, ids: list[int]) -> bytes:
@@ -71,6 +71,7 @@ def test_tokens_are_the_float_models(smolvlm_bundle, tmp_path, mode, image):
     # The echo is the formatted prompt's text parts (QMR:514-516: <image> itself is never written).
     echo = format_vision_prompt(golden["prompt"], "", "smolvlm").replace("<image>", "").encode()
     assert text == echo + _golden_text(smolvlm_bundle, golden["generated_ids"])
+    assert text == echo + golden["text"].encode()
 
 
 def test_the_image_decides_the_tokens(smolvlm_bundle):
