@@ -1,7 +1,7 @@
 """qnn_multimodal_runner v1.4.1 on the host: a vision-language model's run, observably as upstream's.
 
 Shown when the runner's argv starts with ``--ptefarm_upstream=multimodal-v1.4.1`` (farm/runner/releases.py
-``MULTIMODAL_V1_4_1``: its flags and --help). Sources at tag v1.4.1, examples/qualcomm/oss_scripts/llama/:
+``MULTIMODAL_V1_4_1``: its flags and --help, QMR:43-125). Sources at tag v1.4.1, examples/qualcomm/oss_scripts/llama/:
 QMR = qnn_multimodal_runner.cpp, MMR = runner/multimodal_runner/multimodal_runner.cpp, CT =
 runner/multimodal_runner/chat_template.h, UT = runner/multimodal_runner/utils.h.
 
@@ -173,6 +173,14 @@ class MultimodalRunner(LlamaRunner):
                           reached_eos=reached_eos, newlines=int(reached_eos))
 
 
+def require_input_list(path: str, modality: str) -> None:
+    """QMR:191-199: a vision-language model's run needs --image_path (an audio one's --audio_path)."""
+    if not path:
+        if modality == "vision":
+            raise UsageError("--image_path: For VLM, please specify image path.")
+        raise UsageError("--audio_path: For ALM, please specify audio path.")
+
+
 def load_input_list(path: str, flag: str) -> list[str]:
     """UT load_raw_files: every line's space-separated names, blank lines and a trailing CR dropped."""
     try:
@@ -248,8 +256,7 @@ def run(args, prompts: list[str], release, write) -> int:
     runner = MultimodalRunner(args.decoder_path, args.encoder_path, args.tok_embedding_path,
                               args.tokenizer_path, args.eval_mode, args.decoder_model_version,
                               dump_logits=bool(args.dump_logits_path))
-    if not args.image_path:
-        raise UsageError("--image_path: For VLM, please specify image path.")
+    require_input_list(args.image_path, "vision")
     size = runner.image_size()
     names = load_input_list(args.image_path, "image_path")
     messages = prepare_messages(prompts, names)

@@ -141,7 +141,7 @@ V1_4_1_FLAGS: tuple[Flag, ...] = (
 )
 
 
-# qnn_multimodal_runner v1.4.1 (QMR = examples/qualcomm/oss_scripts/llama/qnn_multimodal_runner.cpp:42-119),
+# qnn_multimodal_runner v1.4.1 (QMR = examples/qualcomm/oss_scripts/llama/qnn_multimodal_runner.cpp:43-125),
 # in its order; help texts verbatim (several differ from qnn_llama_runner's).
 QMR_FILE = "/executorch/examples/qualcomm/oss_scripts/llama/qnn_multimodal_runner.cpp"
 MULTIMODAL_V1_4_1_FLAGS: tuple[Flag, ...] = (

@@ -189,3 +189,54 @@ def test_a_hybrid_run_takes_shared_buffer_and_writes_what_v1_4_1_writes(tiny_v14
     stats = json.loads(lines[observer_at[0]][len(CORPUS["observer"]["prefix"]):])
     assert [k for k in CORPUS["observer"]["keys"] if k in stats] == list(stats)
     assert "decode_token_per_sec" in stats
+
+
+# -- qnn_multimodal_runner ------------------------------------------------------------------------------
+
+def test_multimodal_flags_are_qmrs():
+    from farm.runner.releases import GFLAGS_SRC, MULTIMODAL_V1_4_1
+
+    spec = CORPUS["multimodal"]["flags"]
+    own = [f.name for f in MULTIMODAL_V1_4_1.flags if not (f.file or "").startswith(GFLAGS_SRC)]
+    assert own == spec["names"]
+    assert not set(spec["absent"]) & {f.name for f in MULTIMODAL_V1_4_1.flags}
+
+
+def test_multimodal_methods_are_mmrs():
+    from farm.runner import multimodal
+
+    spec = CORPUS["multimodal"]["methods"]
+    assert multimodal.ENCODER_METHOD == spec["encoder"]
+    assert list(multimodal.TOK_EMBEDDING_METHODS[0]) == spec["tok_embedding_kv"]
+    assert list(multimodal.TOK_EMBEDDING_METHODS[1]) == spec["tok_embedding_hybrid"]
+
+
+@pytest.mark.parametrize("entry", CORPUS["multimodal"]["template"], ids=lambda e: e["family"])
+def test_multimodal_templates_are_vcts(entry):
+    from farm.model.template import format_vision_prompt
+
+    assert format_vision_prompt(entry["prompt"], entry["system_prompt"], entry["family"]) == entry["formatted"]
+
+
+def test_multimodal_end_markers_are_mmrs():
+    from farm.model.template import VISION_END_MARKERS
+
+    spec = {k: v for k, v in CORPUS["multimodal"]["eos"].items() if k != "source"}
+    assert VISION_END_MARKERS == spec
+
+
+@pytest.mark.parametrize("entry", CORPUS["multimodal"]["error"], ids=lambda e: e["what"])
+def test_multimodal_errors_are_upstreams(entry, tmp_path):
+    from farm.errors import UsageError
+    from farm.runner import multimodal
+
+    with pytest.raises(UsageError) as e:
+        if entry["what"].startswith("no --image_path"):
+            multimodal.require_input_list("", "vision")
+        elif entry["what"].startswith("an image file"):
+            short = tmp_path / "short.raw"
+            short.write_bytes(b"\0" * 100)
+            multimodal.load_image(str(short), [1, 3, 32, 32])
+        else:
+            multimodal.prepare_messages(["<image><image>x"], ["a.raw"])
+    assert entry["message"] in str(e.value)

@@ -141,7 +141,7 @@ def test_missing_image_path_is_upstreams_error(smolvlm_bundle, tmp_path, capsys)
             "--decoder_model_version", "smolvlm", "--prompt", "hi", "--eval_mode", "0",
             "--output_path", str(tmp_path / "o.txt")]
     assert cli.exit_code(argv) == 2
-    assert "For VLM, please specify image path." in capsys.readouterr().err  # QMR:188-191
+    assert "For VLM, please specify image path." in capsys.readouterr().err  # QMR:196-199
     assert not (tmp_path / "o.txt").exists()  # nothing half-written
 
 
@@ -153,7 +153,7 @@ def test_help_is_qnn_multimodal_runners(capsys):
     for flag in ("decoder_path", "encoder_path", "tok_embedding_path", "image_path", "audio_path", "shared_buffer"):
         assert f"-{flag} (" in out and flag in names
     assert "kv_updater" not in out and "model_path" not in names
-    # QMR:42-119: its own help texts, not qnn_llama_runner's
+    # QMR:43-125: its own help texts, not qnn_llama_runner's
     words = " ".join(out.split())  # gflags wraps long help texts
     assert "Path to input image file. For Vision-Language models, please specify image path." in words
     assert "(Total number of iterations to run.) type: int32 default: 1" in words
