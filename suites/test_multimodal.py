@@ -79,11 +79,13 @@ def test_matches_golden(llm, mm_point):
 
 def test_throughput_with_encoder_apart(llm, mm_point, record_measurement):
     media, mode = mm_point
-    result = llm.generate(f"{IMAGE_TOKEN}Can you describe this image?", mode=mode, seq_len=96, media=media)
+    updater = llm.updaters[0]  # qnn_multimodal_runner has one (SmartMask)
+    result = llm.generate(f"{IMAGE_TOKEN}Can you describe this image?", mode=mode, seq_len=96, media=media,
+                          updater=updater)
     observer = result.observer or {}
     assert result.tokens_per_s is not None and result.tokens_per_s > 0, \
         f"{llm.device.serial}: mode {mode}: no inference_speed.txt figure"
-    record_measurement("tok_s", "tok/s", [result.tokens_per_s], mode=mode, seq_len=96)
+    record_measurement("tok_s", "tok/s", [result.tokens_per_s], updater=updater, mode=mode, seq_len=96)
     for key in ("prefill_token_per_sec", "decode_token_per_sec", "prompt_tokens", "generated_tokens"):
         if key in observer:
             llm.record(key, observer[key])
