@@ -27,22 +27,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from farm.bundle import export as reference  # the cache, publishing and tokenizers every reference shares
 from farm.bundle import export_v14
-from farm.bundle.export import (
-    MANIFEST,
-    STEPS,
-    StepCallback,
-    cache_key,
-    default_cache_dir,
-    publish,
-    quietly,
-    write_tokenizer,
-)
 from farm.bundle.manifest import Bundle, Mode, Multimodal, describe_file
 from farm.errors import UsageError
 from farm.model.config import VLM_CONFIGS, LlamaConfig, VisionConfig
 
-EXPORTER_VERSION = "2"  # 2: goldens carry their text
+EXPORTER_VERSION = "3"  # 2: goldens carry their text; 3: the encoder seeded whole (its biases were not)
 ENCODER_PTE = "vision_encoder_qnn.pte"
 TOK_EMBEDDING_PTE = "tok_embedding_qnn.pte"
 KV_PTE, HYBRID_PTE = export_v14.KV_PTE, export_v14.HYBRID_PTE
@@ -70,18 +61,19 @@ def _resolve(name: str) -> tuple[LlamaConfig, VisionConfig]:
 
 def bundle_dir(name: str, out_dir: str | os.PathLike | None = None) -> Path:
     cfg, vision = _resolve(name)
-    root = Path(out_dir) if out_dir else default_cache_dir()
-    key = cache_key(cfg, {"name": "v1.4-multimodal", "exporter": EXPORTER_VERSION,
+    root = Path(out_dir) if out_dir else reference.default_cache_dir()
+    key = reference.cache_key(cfg, {"name": "v1.4-multimodal", "exporter": EXPORTER_VERSION,
                           "vision": vision.to_dict(), "prompt": GOLDEN_PROMPT, "seq_len": GOLDEN_SEQ_LEN})
     return root / f"reference-{cfg.name}-{key}"
 
 
 def export_bundle(name: str = "tiny-smolvlm", out_dir: str | os.PathLike | None = None, *,
-                  on_step: StepCallback | None = None) -> Path:
+                  on_step: reference.StepCallback | None = None) -> Path:
     cfg, vision = _resolve(name)
     step = on_step or (lambda what, n, steps: None)
-    return publish(bundle_dir(name, out_dir), lambda staging: quietly(
-        lambda: _export(cfg, vision, staging, lambda n: step(STEPS[n - 1], n, len(STEPS)))))
+    steps = reference.STEPS
+    return reference.publish(bundle_dir(name, out_dir), lambda staging: reference.quietly(
+        lambda: _export(cfg, vision, staging, lambda n: step(steps[n - 1], n, len(steps)))))
 
 
 def _export(cfg: LlamaConfig, vision_cfg: VisionConfig, out: Path, step: Callable[[int], None]) -> None:
@@ -94,7 +86,7 @@ def _export(cfg: LlamaConfig, vision_cfg: VisionConfig, out: Path, step: Callabl
     from farm.model.vision import VisionEncoder, test_image
 
     step(1)
-    tokenizer, cfg = write_tokenizer(cfg, out)
+    tokenizer, cfg = reference.write_tokenizer(cfg, out)
     weights = LlamaWeights(cfg).eval()
     encoder = VisionEncoder(vision_cfg, cfg.dim).eval()
     ar_lens = {"kv": 1, "prefill": cfg.prefill_ar_len}
@@ -148,7 +140,7 @@ def _export(cfg: LlamaConfig, vision_cfg: VisionConfig, out: Path, step: Callabl
                                   "goldens": GOLDENS},
            multimodal=Multimodal(modality="vision", encoder=ENCODER_PTE, tok_embedding=TOK_EMBEDDING_PTE,
                                  inputs={name: input_list_file(name) for name in IMAGES}),
-           ).write(out / MANIFEST)
+           ).write(out / reference.MANIFEST)
 
 
 def golden_text(tokenizer_path: Path, ids: list[int]) -> str:

@@ -58,12 +58,19 @@ class VisionEncoder(nn.Module):
         self.post_norm = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
         # Idefics3SimpleMLP: one bias-free projection of the shuffled patches to the decoder's dim
         self.connector = nn.Linear(cfg.hidden * cfg.scale_factor ** 2, text_dim, bias=False)
+        # Every parameter from the config's seed: torch's default init of the biases draws from the
+        # process's global generator, which would make two exports of one config differ.
         gen = torch.Generator().manual_seed(cfg.seed)
         with torch.no_grad():
-            for p in self.parameters():
-                if p.dim() > 1:
+            for name, p in self.named_parameters():
+                if name == "position":
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+                elif p.dim() > 1:
                     p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
-            self.position.copy_(torch.randn(self.position.shape, generator=gen) * 0.1)
+                elif name.endswith("bias"):
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+                else:  # a LayerNorm's scale
+                    p.fill_(1.0)
 
     def example_inputs(self) -> tuple[torch.Tensor]:
         return (torch.zeros(1, 3, self.cfg.image_size, self.cfg.image_size),)

@@ -199,3 +199,19 @@ def test_manifest_names_its_multimodal_files(smolvlm_bundle, tmp_path):
 def test_pixels_file_is_the_encoders_input(smolvlm_bundle):
     size = np.fromfile(smolvlm_bundle.parent / export_vlm.image_file("pattern"), dtype="<f4").size
     assert size == 3 * 32 * 32
+
+
+def test_the_encoder_is_its_seeds_alone():
+    """Two builds of the reference encoder under different global generator states are the same
+    model: an export of one config is reproducible, so its cache key can stand for its content."""
+    import torch
+
+    from farm.model.config import VLM_CONFIGS
+    from farm.model.vision import VisionEncoder
+
+    cfg, vision = VLM_CONFIGS["tiny-smolvlm"]
+    torch.manual_seed(1)
+    a = VisionEncoder(vision, cfg.dim).state_dict()
+    torch.manual_seed(2)
+    b = VisionEncoder(vision, cfg.dim).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
