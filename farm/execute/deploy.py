@@ -399,7 +399,7 @@ def deploy(device: DeviceLike, bundle: Bundle, *, verify: Verify = "fast",
     # then (4.) the new record under a temp name, over sync streams kept between the pushes.
     file_mtime = int(time.time()) - PUSH_MTIME_AGE_S
     mtimes = {f.name: file_mtime for f in plain}
-    with _sync_streams_kept(device):
+    with sync_streams_kept(device):
         digests = _push_files(device, bundle, ws, plain, need, mtime=file_mtime,
                               timeout=timeout, on_progress=on_progress)
         if plans:
@@ -605,7 +605,7 @@ def _push_chunked(device: DeviceLike, bundle: Bundle, ws: str, store: str, files
     return {f.name: got[f.name] for f in files}
 
 
-def _sync_streams_kept(device: DeviceLike) -> AbstractContextManager[object]:
+def sync_streams_kept(device: DeviceLike) -> AbstractContextManager[object]:
     """``device.keep_sync()`` where the device offers it (``farm.devices.Device`` does: one sync
     stream carries several pushes, as with ``adb push`` of many files), else nothing."""
     keep = getattr(device, "keep_sync", None)

@@ -36,7 +36,7 @@ from farm.bundle.manifest import Bundle
 from farm.config import DEFAULT_HELP_TIMEOUT_S
 from farm.device.protocol import DeviceLike
 from farm.errors import DeviceTimeout, FarmError, InfraError, RunIncomplete, UsageError
-from farm.execute.deploy import bundle_workspace
+from farm.execute.deploy import bundle_workspace, sync_streams_kept
 from farm.execute.runprofile import (
     HELP_PIDFILE,
     RunnerCommand,
@@ -242,9 +242,12 @@ def _pull_outputs(device: DeviceLike, command: RunnerCommand, timeout: float) ->
     listing = device.shell(f"ls -1 {shlex.quote(command.out_dir)} 2>/dev/null; true", timeout=timeout)
     present = set(listing.out.splitlines())
     files: dict[str, bytes] = {}
-    for kind, name in command.outputs.items():
-        if name in present:
-            files[kind] = device.read_file(posixpath.join(command.out_dir, name), timeout=timeout)
+    # One sync session for all of them, as `adb pull` of a directory: a session is a round trip to
+    # the server and, on a virtual device, a worker process (three to five of them on every run).
+    with sync_streams_kept(device):
+        for kind, name in command.outputs.items():
+            if name in present:
+                files[kind] = device.read_file(posixpath.join(command.out_dir, name), timeout=timeout)
     return files
 
 

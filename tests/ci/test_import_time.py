@@ -1,0 +1,34 @@
+"""What every farm process pays at start: the CLI, the pytest plugin (every xdist worker) and the
+runner's client import nothing heavy. Judged by which modules are loaded, never by a clock."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+
+# Each costs 0.5 s or more of CPU to import on the 2-core CI machine; the farm imports them where used.
+HEAVY = ("torch", "executorch", "scipy", "matplotlib", "numpy", "transformers", "lm_eval")
+
+
+def loaded_after(module: str) -> set[str]:
+    code = f"import sys, {module}; print('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+@pytest.mark.parametrize("module", ["farm.cli.main", "ptefarm_fixtures.plugin", "farm.runner.zygote"])
+def test_start_up_imports_nothing_heavy(module):
+    assert not loaded_after(module) & set(HEAVY)
+
+
+def test_requests_finds_a_chardet_that_imports_fast():
+    # requests (through adbutils) imports chardet whenever it is installed; lm-eval's table writers
+    # install it. 6.0 carries language models that take 2.2 s to import; 5.x 0.24 s.
+    try:
+        version = importlib.metadata.version("chardet")
+    except importlib.metadata.PackageNotFoundError:
+        return  # requests takes charset_normalizer
+    assert int(version.split(".")[0]) < 6, f"chardet {version}: pin chardet==5.2.0 (pyproject.toml)"
