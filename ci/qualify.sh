@@ -64,9 +64,11 @@ upstream_bundle() {  # DIR LAYOUT DIALECT NAME: stage upstream's folders from th
 
 rank() { case "$1" in 0) echo 0 ;; 3) echo 1 ;; 4) echo 2 ;; 1) echo 3 ;; 2) echo 4 ;; *) echo 5 ;; esac; }
 
-# The legs run in two lanes at once: one qualification keeps ~1.2 of 2 cores busy (adb round trips,
-# deploys and result files between runner runs), two keep both. Each leg's output goes to its log,
-# printed whole when the leg ends, so that the two runs' lines never interleave.
+# The legs run in two lanes at once. The job is CPU-bound on 2 cores (vmstat: no idle while one leg
+# runs; the virtual devices' zygotes, shells and sync workers are most of it, outside the farm
+# command's own time): three lanes took 6 min 30 s where two take 6 min 17 s (2026-12-07, exports
+# cached). Each leg's output goes to its log, printed whole when the leg ends, so that the two runs'
+# lines never interleave.
 state=$(mktemp -d "${TMPDIR:-/tmp}/ptefarm-qualify.XXXXXX")
 interrupted=0
 # shellcheck disable=SC2329  # invoked by the trap
@@ -110,8 +112,8 @@ lane() {  # MODEL...: one after another; an interrupted leg ends the lane
   for model in "$@"; do leg "$model" || return 0; done
 }
 
-# Balanced by measurement (tiny ~45 s, tiny-qwen2_5 ~50 s, upstream ~30 s, small ~60 s alone, each with
-# its export): the small leg's long runs beside the first lane's three.
+# Balanced by measurement (2026-12-07, exports cached, two lanes: tiny 140 s, upstream 107 s,
+# upstream-v1.4 66 s, tiny-smolvlm 57 s; small 145 s, tiny-qwen2_5 111 s, tiny-stories 120 s).
 lane tiny upstream upstream-v1.4 tiny-smolvlm &
 lanes=($!)
 lane small tiny-qwen2_5 tiny-stories &

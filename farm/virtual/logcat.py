@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from farm.virtual.logd import BUFFERS, DEFAULT_BUFFERS, PRIORITIES, connect
+from farm.virtual.logwire import BUFFERS, DEFAULT_BUFFERS, PRIORITIES, connect
 
 SOCKET_ENV = "PTEFARM_LOGD_SOCKET"
 DEFAULT_SOCKET = "/dev/socket/logd"

@@ -32,29 +32,20 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from farm.fileio import write_atomic
+from farm.virtual.logwire import (  # noqa: F401  (the protocol's names, re-exported)
+    BUFFERS, CRASH_SIGNALS, DEFAULT_BUFFERS, PRIORITIES, SOCKET_NAME, SOCKET_REL, TOMBSTONES_REL,
+    connect, short_path)
 
 log = logging.getLogger(__name__)
 
-BUFFERS = ("main", "system", "crash")
-DEFAULT_BUFFERS = ("main", "system", "crash")  # what `logcat` reads without -b, as on Android 7+
 BUFFER_BYTES = 256 * 1024                       # logd's default size per buffer
 MAX_PAYLOAD = 4068                              # logd's largest message; longer ones are cut
 ENTRY_OVERHEAD = 28                             # bytes an entry costs beyond tag and message (logger_entry)
-SOCKET_NAME = "logd"
 MAX_TOMBSTONES = 32                             # tombstoned's ro.tombstoned.max_tombstone_count
-SOCKET_REL = "run/socket"                       # -> /dev/socket inside the view (read-only)
-TOMBSTONES_REL = "tombstones"                   # -> /data/tombstones inside the view (read-only)
-PRIORITIES = "??VDIWEFS"                        # index = Android's log priority (2 V ... 7 F, 8 S)
-
-# The signals debuggerd reports (bionic's debuggerd_handler); a SIGKILL or SIGTERM leaves no tombstone.
-CRASH_SIGNALS = {4: "SIGILL", 5: "SIGTRAP", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 11: "SIGSEGV",
-                 16: "SIGSTKFLT", 31: "SIGSYS"}
 
 
 @dataclass(frozen=True)
@@ -118,27 +109,6 @@ class LogBuffers:
         with self._changed:
             if self._seq <= seq:
                 self._changed.wait(timeout)
-
-
-def short_path(directory: Path, name: str) -> tuple[int, str]:
-    """(an fd of ``directory``, a path to ``name`` in it under 107 bytes). Close the fd after use."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    return fd, f"/proc/self/fd/{fd}/{name}"
-
-
-@contextmanager
-def connect(socket_path: str, timeout: float = 10.0) -> Iterator[socket.socket]:
-    """A connection to a device's logd (used by the tools inside it and by tests)."""
-    directory, name = os.path.split(socket_path)
-    fd, short = short_path(Path(directory or "."), name)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(timeout)
-        sock.connect(short)
-        yield sock
-    finally:
-        sock.close()
-        os.close(fd)
 
 
 class LogDaemon:

@@ -26,7 +26,7 @@ import sys
 import time
 
 from farm.virtual.logcat import logd_request
-from farm.virtual.logd import CRASH_SIGNALS
+from farm.virtual.logwire import CRASH_SIGNALS
 
 PR_SET_PDEATHSIG = 1
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
