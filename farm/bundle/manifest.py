@@ -230,6 +230,13 @@ def _require(obj: dict, key: str, typ: type | tuple[type, ...], where: str) -> A
     return value
 
 
+def _object(value: Any, where: str) -> dict:
+    """A manifest entry that must be a JSON object (a file, a mode, the multimodal section)."""
+    if not isinstance(value, dict):
+        raise UsageError(f"{where}: must be an object, got {type(value).__name__}")
+    return value
+
+
 def _optional(obj: dict, key: str, typ: type | tuple[type, ...], default: Any, where: str) -> Any:
     """An optional field: absent (or null) gives ``default``, present must have the right type."""
     if obj.get(key) is None:
@@ -310,8 +317,7 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
     seen: set[tuple[str, str | None]] = set()
     for i, entry in enumerate(_require(raw, "files", list, where)):
         fwhere = f"{where}: files[{i}]"
-        if not isinstance(entry, dict):
-            raise UsageError(f"{fwhere}: must be an object")
+        entry = _object(entry, fwhere)
         name = check_workspace_name(entry.get("name"), fwhere)
         path = _host_path(base, entry.get("path", name), fwhere)
         size = _require(entry, "size", int, fwhere)
@@ -340,9 +346,7 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
     modes: dict[str, Mode] = {}
     for key, m in _require(raw, "modes", dict, where).items():
         mwhere = f"{where}: modes.{key}"
-        if not isinstance(m, dict):
-            raise UsageError(f"{mwhere}: must be an object")
-        pte = _require(m, "pte", str, mwhere)
+        pte = _require(_object(m, mwhere), "pte", str, mwhere)
         if pte not in names:
             raise UsageError(f"{mwhere}: pte {pte!r} is not among the manifest's files")
         eval_mode = _require(m, "eval_mode", int, mwhere)
@@ -395,9 +399,7 @@ def _multimodal(raw: Any, names: set[str], where: str) -> Multimodal | None:
     if raw is None:
         return None
     mwhere = f"{where}: multimodal"
-    if not isinstance(raw, dict):
-        raise UsageError(f"{mwhere}: must be an object, got {type(raw).__name__}")
-    modality = _require(raw, "modality", str, mwhere)
+    modality = _require(_object(raw, mwhere), "modality", str, mwhere)
     if modality not in MODALITIES:
         raise UsageError(f"{mwhere}: field 'modality' is {modality!r}, not one of {', '.join(MODALITIES)}")
     files = {key: _require(raw, key, str, mwhere) for key in ("encoder", "tok_embedding")}

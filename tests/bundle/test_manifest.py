@@ -123,7 +123,7 @@ FIELD_ERRORS = {
     "runner-not-a-string": (_top(runner=["qnn_llama_runner"], runner_dialect="auto"),
                             "M: field 'runner' must name one of the manifest's files for dialect 'auto'"),
     # files[i]
-    "file-not-an-object": (lambda raw: raw["files"].insert(0, "kv.pte"), "M: files[0]: must be an object"),
+    "file-not-an-object": (lambda raw: raw["files"].insert(0, "kv.pte"), "M: files[0]: must be an object, got str"),
     "file-name-missing": (_drop_file_field(KV, "name"),
                           "M: files[0]: file name must be a non-empty string, got None"),
     "file-path-number": (_file(TOKENIZER, path=5),
@@ -167,7 +167,7 @@ FIELD_ERRORS = {
     "file-the-bundle-directory": (_file(TOKENIZER, path="."),
                                   "M: files[2]: {b} is a directory, not a file"),
     # modes.<key>
-    "mode-not-an-object": (_top(modes={"kv": 1}), "M: modes.kv: must be an object"),
+    "mode-not-an-object": (_top(modes={"kv": 1}), "M: modes.kv: must be an object, got int"),
     "mode-pte-missing": (lambda raw: raw["modes"]["kv"].pop("pte"), "M: modes.kv: missing field 'pte'"),
     "mode-pte-not-a-file": (_mode("kv", pte="kv2.pte"),
                             "M: modes.kv: pte 'kv2.pte' is not among the manifest's files"),
