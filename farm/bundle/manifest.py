@@ -346,7 +346,8 @@ def load(manifest_path: str | os.PathLike, *, verify: bool = False) -> Bundle:
     modes: dict[str, Mode] = {}
     for key, m in _require(raw, "modes", dict, where).items():
         mwhere = f"{where}: modes.{key}"
-        pte = _require(_object(m, mwhere), "pte", str, mwhere)
+        m = _object(m, mwhere)
+        pte = _require(m, "pte", str, mwhere)
         if pte not in names:
             raise UsageError(f"{mwhere}: pte {pte!r} is not among the manifest's files")
         eval_mode = _require(m, "eval_mode", int, mwhere)
@@ -399,7 +400,8 @@ def _multimodal(raw: Any, names: set[str], where: str) -> Multimodal | None:
     if raw is None:
         return None
     mwhere = f"{where}: multimodal"
-    modality = _require(_object(raw, mwhere), "modality", str, mwhere)
+    raw = _object(raw, mwhere)
+    modality = _require(raw, "modality", str, mwhere)
     if modality not in MODALITIES:
         raise UsageError(f"{mwhere}: field 'modality' is {modality!r}, not one of {', '.join(MODALITIES)}")
     files = {key: _require(raw, key, str, mwhere) for key in ("encoder", "tok_embedding")}

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import farm
 from farm.errors import InfraError
-from farm.virtual.logd import SOCKET_REL, TOMBSTONES_REL
+from farm.virtual.logwire import SOCKET_REL, TOMBSTONES_REL
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,8 @@ from farm.virtual.identity import (
     runtime_props,
     write_runtime_props,
 )
-from farm.virtual.logd import SOCKET_NAME, SOCKET_REL, TOMBSTONES_REL, LogDaemon
+from farm.virtual.logd import LogDaemon
+from farm.virtual.logwire import SOCKET_NAME, SOCKET_REL, TOMBSTONES_REL
 from farm.virtual.protocol import (
     A_CLSE,
     A_CNXN,

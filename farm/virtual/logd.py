@@ -36,9 +36,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from farm.fileio import write_atomic
-from farm.virtual.logwire import (  # noqa: F401  (the protocol's names, re-exported)
-    BUFFERS, CRASH_SIGNALS, DEFAULT_BUFFERS, PRIORITIES, SOCKET_NAME, SOCKET_REL, TOMBSTONES_REL,
-    connect, short_path)
+from farm.virtual.logwire import (
+    BUFFERS,
+    CRASH_SIGNALS,
+    DEFAULT_BUFFERS,
+    PRIORITIES,
+    SOCKET_NAME,
+    SOCKET_REL,
+    TOMBSTONES_REL,
+    short_path,
+)
 
 log = logging.getLogger(__name__)
 
