@@ -26,8 +26,13 @@
 #                 and the throughput suite, whose relative rule (SmartMask not slower than ShiftPointer)
 #                 is an A/B with an interval                                -> reports/latest-small
 # (junit/<device>.xml, summary.md, results.json, report.md, report.html in each). Sets itself up on a
-# fresh machine. Extra arguments add to these defaults (e.g. --virtual SM8850, -- -m gate); with
-# --bundle MANIFEST or --model NAME only that bundle is qualified, into reports/latest.
+# fresh machine. The legs share their virtual devices: three sets are started once (`farm virtual up`,
+# each with its own adb server and pool under a temporary directory, ended with the job and tied to
+# this script's life: killed, it leaves none behind), a leg is `farm qualify --config` on one of
+# them, and a leg's results are stored where a run's results go without this job (the configured
+# pool's database: `farm history`). Extra arguments add to these defaults (e.g. --virtual SM8850
+# adds a device to every set, -- -m gate); with --bundle MANIFEST or --model NAME only that bundle
+# is qualified, on fresh devices of its own, into reports/latest.
 # Exit code: the most serious of the runs' (130 interrupted, 2 bad input, 1 failures, 4 throughput
 # regression, 3 infrastructure only, 0 qualified); an interrupted run stops the job.
 set -euo pipefail
@@ -41,16 +46,63 @@ for arg in "$@"; do  # everything from `--` on goes to pytest, after our own opt
   case "$arg" in --bundle|--bundle=*|--model|--model=*) [ "${#pytest_args[@]}" -gt 0 ] || chosen=1 ;; esac
 done
 
-qualify() {  # OUT [options...]: one farm qualify on fresh virtual devices
-  local out=$1; shift
-  farm qualify --out "$out" --virtual SM8650:2 --virtual SM8550 --virtual SM8750 "$@" \
+if [ "$chosen" -eq 1 ]; then  # one bundle on fresh virtual devices; set -e: its exit code is the job's
+  farm qualify --out reports/latest --virtual SM8650:2 --virtual SM8550 --virtual SM8750 \
     ${options[@]+"${options[@]}"} ${pytest_args[@]+"${pytest_args[@]}"}
-}
-
-if [ "$chosen" -eq 1 ]; then
-  qualify reports/latest  # set -e: its exit code is the job's
   exit 0
 fi
+
+# Our own options out of what goes to every leg: --virtual SOC[:N] adds devices to every set,
+# --virtual-timing sets every set's timing. --config has no meaning here (the legs run on this
+# job's devices): `farm qualify --config` qualifies on a configured farm.
+extra_socs=() timing='' leg_options=()
+set -- ${options[@]+"${options[@]}"}
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --virtual|--virtual-timing|--config) [ "$#" -ge 2 ] || { echo "ci/qualify.sh: $1 needs a value" >&2; exit 2; }
+      case "$1" in --virtual) extra_socs+=(--soc "$2") ;; --virtual-timing) timing=$2 ;;
+        *) echo "ci/qualify.sh: --config: the main job runs on its own virtual devices; qualify on a configured farm with farm qualify --config" >&2; exit 2 ;;
+      esac; shift 2 ;;
+    --virtual=*) extra_socs+=(--soc "${1#*=}"); shift ;;
+    --virtual-timing=*) timing=${1#*=}; shift ;;
+    --config=*) echo "ci/qualify.sh: --config: the main job runs on its own virtual devices" >&2; exit 2 ;;
+    *) leg_options+=("$1"); shift ;;
+  esac
+done
+# Where the legs' results are stored: where a run's go without this job (the configured pool's
+# database, farm.results.store), not the job's own pools, which end with it.
+results_url=$(python -c 'from farm.config import load_config; from farm.results.store import results_url; print(results_url(load_config()))')
+to_pytest=(-- --farm-results-url "$results_url")  # before the caller's: a --farm-results-url of theirs wins
+if [ "${#pytest_args[@]}" -gt 0 ]; then to_pytest+=("${pytest_args[@]:1}"); fi
+
+state=$(mktemp -d "${TMPDIR:-/tmp}/ptefarm-qualify.XXXXXX")
+sets=()
+# shellcheck disable=SC2329  # invoked by the trap
+end_job() {
+  for name in ${sets[@]+"${sets[@]}"}; do farm virtual down --config "$state/$name.toml" >/dev/null 2>&1 || true; done
+  rm -rf "$state"
+}
+trap end_job EXIT
+
+device_set() {  # NAME TIMING SOC[:N]...: virtual devices with their own adb server and pool, for `farm qualify --config $state/NAME.toml`
+  local name=$1 set_timing=$2 socs=(); shift 2
+  for soc in "$@"; do socs+=(--soc "$soc"); done
+  mkdir -p "$state/$name"
+  printf '[farm]\nhome = "%s"\n[pool]\nurl = "sqlite:///%s"\n' "$state/$name" "$state/$name/pool.db" >"$state/$name.toml"
+  sets+=("$name")
+  farm virtual up --config "$state/$name.toml" "${socs[@]}" ${extra_socs[@]+"${extra_socs[@]}"} \
+    --timing "${timing:-$set_timing}" --exit-with-pid $$ >"$state/$name.up.log" 2>&1 \
+    || { cat "$state/$name.up.log" >&2; echo "ci/qualify.sh: cannot start the $name devices" >&2; exit 3; }
+}
+# One set per lane (its legs run one after another); `small` is measured on simulated phones.
+device_set lane-a host SM8650:2 SM8550 SM8750
+device_set lane-b host SM8650:2 SM8550 SM8750
+device_set phone phone SM8650:2
+
+qualify() {  # SET OUT [options...]: one farm qualify on a set's devices
+  local set=$1 out=$2; shift 2
+  farm qualify --config "$state/$set.toml" --out "$out" "$@" ${leg_options[@]+"${leg_options[@]}"} "${to_pytest[@]}"
+}
 
 upstream_bundle() {  # DIR LAYOUT DIALECT NAME: stage upstream's folders from the tiny export, `farm bundle create` them
   local dir=$1 layout=$2 dialect=$3 name=$4 args
@@ -69,7 +121,6 @@ rank() { case "$1" in 0) echo 0 ;; 3) echo 1 ;; 4) echo 2 ;; 1) echo 3 ;; 2) ech
 # command's own time): three lanes took 6 min 30 s where two take 6 min 17 s (2026-12-07, exports
 # cached). Each leg's output goes to its log, printed whole when the leg ends, so that the two runs'
 # lines never interleave.
-state=$(mktemp -d "${TMPDIR:-/tmp}/ptefarm-qualify.XXXXXX")
 interrupted=0
 # shellcheck disable=SC2329  # invoked by the trap
 stop_legs() {  # a signal to this script alone (a CI cancel) reaches every running farm qualify
@@ -79,8 +130,8 @@ stop_legs() {  # a signal to this script alone (a CI cancel) reaches every runni
 }
 trap stop_legs INT TERM
 
-leg() {  # MODEL: one qualification; its exit code in $state/MODEL.code
-  local model=$1 out=reports/latest code=0 start=$SECONDS
+leg() {  # SET MODEL: one qualification on a set's devices; its exit code in $state/MODEL.code
+  local set=$1 model=$2 out=reports/latest code=0 start=$SECONDS
   [ "$model" = tiny ] || out=reports/latest-$model
   mkdir -p reports
   {
@@ -88,15 +139,13 @@ leg() {  # MODEL: one qualification; its exit code in $state/MODEL.code
       local dir=.farm/qualify-$model layout=v1.0 dialect=qnn-v1.0
       [ "$model" = upstream ] || { layout=v1.4; dialect=qnn-v1.4; }
       if upstream_bundle "$dir" "$layout" "$dialect" "$model-tiny"; then
-        qualify "$out" --bundle "$dir/bundle/manifest.json" &
+        qualify "$set" "$out" --bundle "$dir/bundle/manifest.json" &
       else c=$?; (exit "$c") & fi
-    elif [ "$model" = small ]; then
-      to_pytest=(${pytest_args[@]+"${pytest_args[@]}"})  # from `--` on, to which the cases file is added
-      [ "${#to_pytest[@]}" -gt 0 ] || to_pytest=(--)
-      farm qualify --out "$out" --model small --virtual SM8650:2 --virtual-timing phone \
-        ${options[@]+"${options[@]}"} "${to_pytest[@]}" --farm-cases suites/data/long_context.toml &
+    elif [ "$model" = small ]; then  # the long-context cases too (this leg's own to_pytest, which qualify reads)
+      local to_pytest=("${to_pytest[@]}" --farm-cases suites/data/long_context.toml)
+      qualify "$set" "$out" --model small &
     else
-      qualify "$out" --model "$model" &
+      qualify "$set" "$out" --model "$model" &
     fi
     echo $! >"$state/$model.pid"
     wait $! || code=$?
@@ -108,15 +157,19 @@ leg() {  # MODEL: one qualification; its exit code in $state/MODEL.code
   [ "$code" -ne 130 ]
 }
 
-lane() {  # MODEL...: one after another; an interrupted leg ends the lane
-  for model in "$@"; do leg "$model" || return 0; done
+lane() {  # SET MODEL...: one after another on a set's devices (small: on the simulated phones);
+  # an interrupted leg ends the lane
+  local set=$1; shift
+  for model in "$@"; do
+    if [ "$model" = small ]; then leg phone small || return 0; else leg "$set" "$model" || return 0; fi
+  done
 }
 
 # Balanced by measurement (2026-12-07, exports cached, two lanes: tiny 140 s, upstream 107 s,
 # upstream-v1.4 66 s, tiny-smolvlm 57 s; small 145 s, tiny-qwen2_5 111 s, tiny-stories 120 s).
-lane tiny upstream upstream-v1.4 tiny-smolvlm &
+lane lane-a tiny upstream upstream-v1.4 tiny-smolvlm &
 lanes=($!)
-lane small tiny-qwen2_5 tiny-stories &
+lane lane-b small tiny-qwen2_5 tiny-stories &
 lanes+=($!)
 for pid in "${lanes[@]}"; do  # a trapped signal ends a wait early: wait again until the lane ends
   while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done
@@ -127,6 +180,5 @@ for f in "$state"/*.code; do
   code=$(cat "$f")
   if [ "$(rank "$code")" -gt "$(rank "$worst")" ]; then worst=$code; fi
 done
-rm -rf "$state"
 [ "$interrupted" -eq 0 ] || [ "$(rank "$worst")" -ge 5 ] || worst=130
 exit "$worst"

@@ -232,6 +232,12 @@ class Farm:
         quarantined or absent)."""
         return {soc: len(serials) for soc, serials in self.units().items()}
 
+    def any_virtual(self) -> bool:
+        """Whether a device that can take work now or soon is a virtual one (its properties said so
+        when the pool last saw it)."""
+        return any(s.device.virtual for s in self.pool.status().devices
+                   if s.device.soc and s.device.present and s.device.state in (AVAILABLE, LEASED))
+
     def units(self) -> dict[str, list[str]]:
         """SoC -> the serials of its devices that can take work now or soon, sorted."""
         units: dict[str, list[str]] = {}

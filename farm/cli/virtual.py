@@ -36,10 +36,12 @@ def _sync_pool(server: AdbServerAddress) -> None:
     click.echo(f"pool {pool.store.display_url}: " + ("; ".join(changes) or "in step"))
 
 
-def _farm() -> VirtualFarm:
+def _farm(owner_pid: int | None = None) -> VirtualFarm:
     config = farm_config()
-    # Devices outlive this command: they are not tied to its pid; `farm virtual down` ends them.
-    return VirtualFarm(home=config.home, adb_port=config.adb_servers[0].port, tie_to_owner=False)
+    # Devices outlive this command: they are not tied to its pid; `farm virtual down` ends them, or
+    # the end of ``owner_pid`` (--exit-with-pid).
+    return VirtualFarm(home=config.home, adb_port=config.adb_servers[0].port, tie_to_owner=False,
+                       owner_pid=owner_pid)
 
 
 @click.group("virtual")
@@ -62,8 +64,12 @@ def virtual() -> None:
               help="host: the runner reports the host CPU's timing; phone: a simulated phone's "
                    "(its SoC's published figures, noise, heat and throttling; every figure marked "
                    "simulated). Default: the config's virtual.timing, else host.")
+@click.option("--exit-with-pid", "owner_pid", type=int, default=None, metavar="PID",
+              help="The devices and their adb server end when process PID does (a script that "
+                   "starts devices for its steps passes its own $$: killed, it leaves none behind).")
 @config_option
-def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool, timing: str | None) -> None:
+def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool, timing: str | None,
+       owner_pid: int | None) -> None:
     """Start virtual devices and connect them to the farm's adb server.
 
     \b
@@ -75,7 +81,7 @@ def up(socs: tuple[str, ...], counts: tuple[int, ...], platform_only: bool, timi
     timing = timing or farm_config().virtual.timing
     specs = [VirtualDeviceSpec(soc=soc, platform_only=platform_only, timing=timing)
              for soc, n in pairs for _ in range(n)]
-    vf = _farm()
+    vf = _farm(owner_pid)
     started = vf.up(specs)  # on failure it ends what it started
     table = Table(title=f"virtual devices on adb server {vf.adb_server}")
     for col in ("serial", "SoC", "platform", "model", "pid", "workspace"):

@@ -125,7 +125,8 @@ class VirtualFarm:
     """Virtual devices + the adb server they are connected to. A context manager: exit = down()."""
 
     def __init__(self, home: Path | str, adb_port: int | None = None, *,
-                 tie_to_owner: bool = True, start_timeout: float = 30.0):
+                 tie_to_owner: bool = True, owner_pid: int | None = None,
+                 start_timeout: float = 30.0):
         self.home = Path(home).expanduser()
         self.dir = self.home / "virtual"
         self.state_path = self.dir / STATE_FILE
@@ -142,8 +143,14 @@ class VirtualFarm:
             raise UsageError(f"{self.state_path}: a virtual farm on adb port "
                              f"{state.get('adb_port')} is up; run 'farm virtual down' first")
         # Whose life the devices and the server share: the live owner the state names (a run whose
-        # device a shell restarts), else this process when tied (tests), else none (the CLI's own).
+        # device a shell restarts), else ``owner_pid`` (a script that starts devices for its steps:
+        # `farm virtual up --exit-with-pid`), else this process when tied (tests), else none (the
+        # CLI's own).
         recorded = _live_owner(state.get("owner"))
+        if owner_pid is not None and recorded is None:
+            recorded = _owner_of(owner_pid)
+            if recorded is None:
+                raise UsageError(f"--exit-with-pid {owner_pid}: no such process")
         self.owner: dict | None = recorded or (_owner_of(os.getpid()) if tie_to_owner else None)
         self.server = AdbServer(port=port, home=self.home / "adb-home" / str(port),
                                 exit_with_pid=self.owner["pid"] if self.owner else None)

@@ -70,3 +70,41 @@ def test_a_device_restarted_from_a_shell_ends_when_the_run_is_killed(tmp_path):
         assert not is_device_process(pid, root)
     finally:
         _farm_virtual(home, "down")  # whatever is left (and the adb server)
+
+
+def test_devices_up_with_exit_with_pid_end_with_that_process(tmp_path, monkeypatch):
+    """`farm virtual up --exit-with-pid` (the main job's devices, shared by its legs): the devices and
+    their adb server end when that process does, though no command that started them is left."""
+    monkeypatch.chdir(tmp_path)
+    home = tmp_path / "farm"
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        _farm_virtual(home, "up", "--soc", "SM8650", "--exit-with-pid", str(owner.pid))
+        serial, pid, root = _device(home)
+        assert is_device_process(pid, root)
+        owner_recorded = json.loads((home / "virtual" / "state.json").read_text())["owner"]
+        assert owner_recorded["pid"] == owner.pid
+    finally:
+        owner.kill()
+        owner.wait()
+    deadline = time.monotonic() + 30  # eventual: the device's watchdog polls its owner
+    while is_device_process(pid, root) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        assert not is_device_process(pid, root)
+    finally:
+        _farm_virtual(home, "down")
+
+
+def test_exit_with_pid_of_no_process_starts_nothing(tmp_path, monkeypatch):
+    from farm.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    home = tmp_path / "farm"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    result = CliRunner().invoke(main, ["virtual", "up", "--exit-with-pid", str(gone.pid)],
+                                env={"PTEFARM_HOME": str(home), "PTEFARM_CONFIG": None})
+    assert result.exit_code == 2, result.output
+    assert f"--exit-with-pid {gone.pid}: no such process" in result.output
+    assert not (home / "virtual" / "state.json").exists()
