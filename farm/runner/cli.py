@@ -27,13 +27,13 @@ import sys
 from typing import TYPE_CHECKING, NamedTuple
 
 from farm.errors import UsageError
+from farm.runner import PROG
 from farm.runner.gflags_help import usage
 from farm.runner.releases import HOST, Flag, Release, split_release
 
 if TYPE_CHECKING:
     import argparse
 
-PROG = "farm-llama-runner"
 USAGE = HOST.usage
 FLAGS = HOST.flags  # farm-llama-runner's own flags (farm/runner/releases.py has every release's)
 _PARSE = {"string": str, "int32": int, "double": float}

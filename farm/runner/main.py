@@ -12,9 +12,9 @@ import os
 import sys
 
 from farm.runner import zygote
-from farm.runner.cli import PROG, exit_code
+from farm.runner import PROG
+from farm.runner.cli import exit_code
 
-ZYGOTE_ENV = "PTEFARM_RUNNER_ZYGOTE"  # a zygote's socket (farm/runner/zygote.py): run there, fast
 # Set by a device that wants a zygote but starts none itself: the first run that finds no zygote
 # starts one in the background and runs through it once it is ready; the runs after it fork from it. A
 # device whose commands never run this runner never pays the zygote's imports.
@@ -50,7 +50,7 @@ def _via_zygote(socket_path: str, argv: list[str]) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     code = None
-    if socket_path := os.environ.get(ZYGOTE_ENV):
+    if socket_path := os.environ.get(zygote.ZYGOTE_ENV):
         code = _via_zygote(socket_path, argv)
     sys.exit(exit_code(argv) if code is None else code)
 

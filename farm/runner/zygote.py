@@ -52,8 +52,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from farm.runner.cli import PROG
+from farm.runner import PROG
 
+ZYGOTE_ENV = "PTEFARM_RUNNER_ZYGOTE"  # a zygote's socket, for farm-llama-runner: run there, fast
 MAX_MSG = 1 << 20  # the request carries the environment; 1 MiB is far beyond any real one
 STARTED_TIMEOUT_S = 10.0  # a live zygote forks in milliseconds; past this the client runs in-process
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what a terminal or a timeout sends

@@ -269,7 +269,7 @@ def install_system(root: Path, props: dict[str, str], free_bytes: int | None) ->
     if runner.is_symlink():
         runner.unlink()
     real = shlex.quote(str(Path(sys.executable).parent / "farm-llama-runner"))
-    _write_tool(runner, f'#!/bin/sh\nexec {python} -S -m farm.virtual.runwrap {real} "$0" "$@"\n')
+    _write_tool(runner, f'#!/bin/sh\nexec {python} -S -m farm.virtual.runwrap --zygote {real} "$0" "$@"\n')
     etc = root / ETC_REL
     etc.mkdir(exist_ok=True)
     write_atomic(etc / "passwd", "root:x:0:0:root:/:/system/bin/sh\n"

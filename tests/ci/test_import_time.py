@@ -19,8 +19,10 @@ def loaded_after(module: str) -> set[str]:
     return set(out.split())
 
 
-# farm.runner.main is what `farm-llama-runner` imports before handing the run to the zygote
-@pytest.mark.parametrize("module", ["farm.cli.main", "ptefarm_fixtures.plugin", "farm.runner.main"])
+# farm.runner.main is what `farm-llama-runner` imports before handing the run to the zygote;
+# farm.virtual.runwrap is a virtual device's runner wrapper, the zygote's client itself
+@pytest.mark.parametrize("module", ["farm.cli.main", "ptefarm_fixtures.plugin", "farm.runner.main",
+                                    "farm.virtual.runwrap"])
 def test_start_up_imports_nothing_heavy(module):
     assert not loaded_after(module) & set(HEAVY)
 

@@ -212,6 +212,58 @@ def test_two_concurrent_runs(kv, zygote, tmp_path):
     assert outputs[0] == outputs[1]
 
 
+# --- the virtual device's runner wrapper as the zygote's client --------------------------------------
+
+def start_wrapped(argv, cwd: Path, socket_path, real: str, env=None) -> subprocess.Popen:
+    """``python -S -m farm.virtual.runwrap --zygote REAL farm-llama-runner ARGS``, as a virtual
+    device's /system/bin/farm-llama-runner runs it (no logd here: its lines are best effort)."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = {**procs.farm_env(), **(env or {}), "PTEFARM_RUNNER_ZYGOTE": str(socket_path)}
+    return subprocess.Popen([sys.executable, "-S", "-m", "farm.virtual.runwrap", "--zygote", real,
+                             "/system/bin/farm-llama-runner", *argv], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_the_wrapper_is_the_zygotes_client_no_second_process(kv, zygote, tmp_path):
+    zproc, sock = zygote
+    here = run(greedy_argv(kv, "SmartMask"), tmp_path / "in-process")
+    # A REAL_RUNNER that does not exist: only the zygote can have run this one.
+    wrapper = start_wrapped(greedy_argv(kv, "SmartMask"), tmp_path / "wrapped", sock,
+                            str(tmp_path / "no-such-runner"), env=slow_env(30))
+    [child] = wait_children(zproc, 1)
+    assert psutil.Process(wrapper.pid).children() == []  # the run is the zygote's child, not ours
+    out, err = wrapper.communicate(timeout=300)
+    assert wrapper.returncode == 0 and here.code == 0, err
+    assert ((tmp_path / "wrapped" / "token_ids.json").read_bytes()
+            == (tmp_path / "in-process" / "token_ids.json").read_bytes())
+    assert not child.is_running()
+
+
+def test_a_crash_signal_to_the_wrapper_ends_the_zygote_run_and_kills_the_wrapper(kv, zygote, tmp_path):
+    """As when the wrapper's client process took the signal: the run ends (the zygote kills a run
+    whose client is gone) and the wrapper dies of the same signal, which the device reports as a
+    crash (tests/virtual/test_logcat.py)."""
+    zproc, sock = zygote
+    wrapper = start_wrapped(greedy_argv(kv, "SmartMask"), tmp_path, sock, str(tmp_path / "none"),
+                            env=slow_env(500))
+    [child] = wait_children(zproc, 1)
+    wrapper.send_signal(signal.SIGSEGV)
+    _, err = wrapper.communicate(timeout=DEADLINE_S)
+    assert wrapper.returncode == -signal.SIGSEGV, err
+    _, alive = psutil.wait_procs([child], timeout=DEADLINE_S)
+    assert alive == [], "the run outlived the wrapper that was its client"
+    assert zproc.poll() is None
+
+
+def test_the_wrapper_runs_the_real_runner_when_no_zygote_answers(tmp_path):
+    real = tmp_path / "real-runner"
+    real.write_text("#!/bin/sh\necho \"real: $*\"\nexit 7\n")
+    real.chmod(0o755)
+    wrapper = start_wrapped(["--seq_len", "8"], tmp_path, tmp_path / "absent.sock", str(real))
+    out, err = wrapper.communicate(timeout=DEADLINE_S)
+    assert (wrapper.returncode, out) == (7, b"real: --seq_len 8\n"), err
+
+
 # --- fallback ---------------------------------------------------------------------------------------
 
 def test_falls_back_in_process_when_no_zygote_answers(kv, tmp_path):

@@ -13,6 +13,7 @@ import pytest
 from farm.bundle import manifest as bundle_mod
 from farm.execute.runprofile import RunRequest, runner_argv
 from farm.virtual import VirtualDeviceSpec
+from farm.virtual.confine import RUNNER_ZYGOTE_SOCKET
 from farm.virtual.logd import LogBuffers
 
 # liblog's FORMAT_THREADTIME: "%s %5d %5d %c %-8s: " with the time as "%m-%d %H:%M:%S.mmm".
@@ -134,6 +135,13 @@ def test_crashed_runner_leaves_tombstone_and_crash_lines(phone, tiny_bundle, tmp
     vf, dev = phone
     ws = "/data/local/tmp/crash-ws"
     args = _push_bundle(phone, tiny_bundle, ws, tmp_path)
+    # The device's runner zygote up first (its first run starts it): the crashed run is then the
+    # zygote's, with the wrapper as its client, as every run after a device's first is.
+    _sh(phone, "farm-llama-runner --help > /dev/null 2>&1", timeout=120)
+    deadline = time.monotonic() + 120
+    while _sh(phone, f"test -S {RUNNER_ZYGOTE_SOCKET}").returncode != 0:
+        assert time.monotonic() < deadline, "no runner zygote in the device after its first run"
+        time.sleep(0.2)
     vf.set_faults(dev.serial, runner_delay_ms=500)  # a run of many seconds, to crash in the middle
     try:
         r = _sh(phone, f"logcat -c; cd {ws}; ./qnn_llama_runner {shlex.join(args)} > run.log 2>&1 & "
