@@ -40,6 +40,7 @@ cd "$(dirname "$0")/.."
 ci/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
+unset PYTHONDONTWRITEBYTECODE  # what this run imports is compiled once and kept (ci/setup.sh says why)
 options=() pytest_args=() chosen=0
 for arg in "$@"; do  # everything from `--` on goes to pytest, after our own options
   if [ "${#pytest_args[@]}" -gt 0 ] || [ "$arg" = "--" ]; then pytest_args+=("$arg"); else options+=("$arg"); fi
@@ -165,11 +166,11 @@ lane() {  # SET MODEL...: one after another on a set's devices (small: on the si
   done
 }
 
-# Balanced by measurement (2026-12-07, exports cached, two lanes: tiny 140 s, upstream 107 s,
-# upstream-v1.4 66 s, tiny-smolvlm 57 s; small 145 s, tiny-qwen2_5 111 s, tiny-stories 120 s).
-lane lane-a tiny upstream upstream-v1.4 tiny-smolvlm &
+# Balanced by measurement (2026-12-07, exports cached, devices shared: small 96 s, upstream 50 s,
+# tiny-stories 36 s; tiny 65 s, tiny-qwen2_5 58 s, upstream-v1.4 38 s, tiny-smolvlm 14 s).
+lane lane-a small upstream tiny-stories &
 lanes=($!)
-lane lane-b small tiny-qwen2_5 tiny-stories &
+lane lane-b tiny tiny-qwen2_5 upstream-v1.4 tiny-smolvlm &
 lanes+=($!)
 for pid in "${lanes[@]}"; do  # a trapped signal ends a wait early: wait again until the lane ends
   while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done

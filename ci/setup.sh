@@ -50,17 +50,23 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "ci/setup.sh: torch is a CUDA build (no CPU wheel among the find-links); it works, but is large\n")'
   touch "$stamp"
 fi
-# Bytecode ahead of time. Where PYTHONDONTWRITEBYTECODE is set (these CI machines set it) Python writes
-# no .pyc and every process compiles each module it imports from source: torch's start-up 2.2 s -> 4.7 s,
-# the farm CLI's 0.5 s -> 1.3 s, and the tests and the main job start thousands of such processes
-# (virtual devices, zygotes, workers, CLI calls). Python reads .pyc files whatever that variable says.
-# The installed packages once per install (~55 s of 2 cores), the project's trees on every call
-# (incremental: only what changed since, a fraction of a second).
+# Bytecode. Where PYTHONDONTWRITEBYTECODE is set (these CI machines set it) Python writes no .pyc and
+# every process compiles each module it imports from source: torch's start-up 2.2 s -> 4.7 s, the farm
+# CLI's 0.5 s -> 1.3 s, and the tests and the main job start thousands of such processes (virtual
+# devices, zygotes, workers, CLI calls). Python reads .pyc files whatever that variable says, and
+# ci/test.sh and ci/qualify.sh unset it for their processes, so what they import is compiled once and
+# kept. Once per install, what every farm process imports is compiled here, by importing it (8 s on
+# 2 cores; compiling all of site-packages took 33 s): the job's first devices and workers would
+# otherwise all compile torch at once. The project's trees on every call (incremental, a fraction of a
+# second).
 compiled=.venv/.ptefarm-bytecode
 if [ ! -f "$compiled" ] || [ "$stamp" -nt "$compiled" ]; then
-  python -m compileall -q -j 0 .venv/lib/python3.11/site-packages >/dev/null 2>&1 || true  # a file that does not compile is the package's, not ours
+  env -u PYTHONDONTWRITEBYTECODE python -c '
+import torch, scipy.stats, matplotlib.pyplot, pytest, xdist, junitparser
+import farm.cli.main, ptefarm_fixtures.plugin
+from farm.runner import zygote
+zygote.preload_runner()  # the runner zygote: torch, ExecuTorch runtime, the tokenizer libraries'
   touch "$compiled"
 fi
-python -m compileall -q -j 0 farm fixtures suites tests bench >/dev/null
 # The JUnit schema the tests validate reports against: from pytest's sdist, hash-checked.
 python ci/junit_schema.py

@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 ci/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
+unset PYTHONDONTWRITEBYTECODE  # what this run imports is compiled once and kept (ci/setup.sh says why)
 ci/start-postgres.sh
 # The report tests render the HTML report in Debian's headless chromium.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

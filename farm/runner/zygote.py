@@ -271,13 +271,15 @@ class _SignalRelay:
 
 # --- zygote ---------------------------------------------------------------------------------------
 
-def _preload() -> None:
+def preload_runner() -> None:
     """Everything a run imports, so that a child imports nothing. Import only: no inference here."""
     import torch  # noqa: F401
 
-    import farm.model.tokenizer  # noqa: F401
     import farm.runner.cli  # noqa: F401
+    from farm.model import tokenizer
     from farm.runner import engine
+
+    tokenizer.preload()
 
     engine.import_runtime().Runtime.get()
 
@@ -582,7 +584,7 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m farm.runner.zy
         print(f"{prog}: {path}: in use by a live zygote or not a socket", file=sys.stderr)
         return 2
     _open_stdio()
-    (preload or _preload)()
+    (preload or preload_runner)()
     import gc
 
     # Objects from the imports never die: keep them out of the collector's passes, so that a child's

@@ -27,7 +27,6 @@ import os
 import resource
 import shlex
 import signal
-import subprocess
 import sys
 import time
 
@@ -95,6 +94,8 @@ def _through_zygote(socket_path: str, args: list[str]) -> int | None:
 def _run_child(real: str, name: str, tag: str, args: list[str]) -> int | None:
     """REAL_RUNNER's exit code (-N: killed by signal N), as a child of this process; None when it
     could not start (said on stderr and in the log)."""
+    import subprocess  # here: the zygote takes most runs, and this import is ~3 ms of every start
+
     try:
         child = subprocess.Popen([real, *args], preexec_fn=_die_with_parent)  # noqa: PLW1509
     except OSError as e:
