@@ -51,6 +51,7 @@ from farm.bundle.export import (
     StepCallback,
     cache_key,
     default_cache_dir,
+    program_bytes,
     publish,
     quietly,
     resolve_config,
@@ -61,7 +62,7 @@ from farm.bundle.manifest import Mode
 from farm.model.config import LlamaConfig
 
 LAYOUT = "v1.4"
-EXPORTER_VERSION = "3"  # 2: UTF-8 output (LlamaConfig.partial_pieces); 3: the attention-sink evictors
+EXPORTER_VERSION = "4"  # 2: UTF-8 output (LlamaConfig.partial_pieces); 3: the attention-sink evictors; 4: inputs in place
 KV_PTE = "kv_llama_qnn.pte"
 HYBRID_PTE = "hybrid_llama_qnn.pte"
 LOOKAHEAD_PTE = "lookahead_llama_qnn.pte"
@@ -153,4 +154,4 @@ def write_program(lowered, methods: dict[str, str], constants: dict, path: Path)
 
     program = EdgeProgramManager({name: lowered.exported_program(src) for name, src in methods.items()},
                                  constants, lowered.compile_config)
-    path.write_bytes(program.to_executorch().buffer)
+    path.write_bytes(program_bytes(program))

@@ -33,7 +33,7 @@ from farm.bundle.manifest import Bundle, Mode, Multimodal, describe_file
 from farm.errors import UsageError
 from farm.model.config import VLM_CONFIGS, LlamaConfig, VisionConfig
 
-EXPORTER_VERSION = "3"  # 2: goldens carry their text; 3: the encoder seeded whole (its biases were not)
+EXPORTER_VERSION = "4"  # 2: goldens carry their text; 3: the encoder seeded whole (its biases were not); 4: the decoder's inputs in place
 ENCODER_PTE = "vision_encoder_qnn.pte"
 TOK_EMBEDDING_PTE = "tok_embedding_qnn.pte"
 KV_PTE, HYBRID_PTE = export_v14.KV_PTE, export_v14.HYBRID_PTE

@@ -31,9 +31,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from statistics import NormalDist
 
 import numpy as np
-from scipy import stats
 
 from farm.errors import UsageError
 
@@ -149,7 +149,7 @@ def _interval(walsh: np.ndarray, n: int, alpha: float) -> tuple[float, float, fl
         k = _exact_k(n, alpha)
     else:
         sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
-        k = int(math.floor(m / 2 - stats.norm.ppf(1 - alpha / 2) * sd))
+        k = int(math.floor(m / 2 - NormalDist().inv_cdf(1 - alpha / 2) * sd))
     if k < 1:
         return None
     return float(np.median(walsh)), float(walsh[k - 1]), float(walsh[m - k])

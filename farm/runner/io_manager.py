@@ -28,6 +28,7 @@ from max_seq_len-P to max_seq_len-1 and with it K's row stride, so K rows are re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,7 +97,7 @@ class IoMgr:
 
     def _fresh_mask(self) -> torch.Tensor:
         """The current method's mask: the causal block of the step's tokens, the cached entries open."""
-        mask = torch.full((1, self.ar_len, self.shape.max_seq_len), MASK_MIN)
+        mask = padded((1, self.ar_len, self.shape.max_seq_len), fill=MASK_MIN)
         mask[0, :, self.cache_len :] = causal_block(self.ar_len)
         if self.n_past:
             mask[0, :, self._attend_columns(0, self.n_past)] = 0.0
@@ -170,6 +171,18 @@ class IoMgr:
         return self.v_inputs()[head][0][self._attend_columns(0, self.n_past)]
 
 
+# The programs read their inputs where the runner keeps them (farm/bundle/export.py program_bytes),
+# and XNNPACK may read up to 16 bytes past the end of an array it is given (XNN_EXTRA_BYTES in
+# xnnpack.h): every buffer an input is a view of ends that far before its allocation does.
+XNNPACK_SLACK_BYTES = 16
+
+
+def padded(shape: tuple[int, ...], fill: float = 0.0) -> torch.Tensor:
+    """A float32 tensor of ``shape`` filled with ``fill``, its allocation XNNPACK_SLACK_BYTES longer."""
+    n = math.prod(shape)
+    return torch.full((n + XNNPACK_SLACK_BYTES // 4,), fill)[:n].view(shape)
+
+
 class SmartMaskIoMgr(IoMgr):
     name = Updater.SMART_MASK
 
@@ -177,8 +190,8 @@ class SmartMaskIoMgr(IoMgr):
         s = self.shape
         biggest = s.max_seq_len - self.min_ar_len
         # One fixed buffer per cache (rows of one allocation, so that a step's store is one copy).
-        self._k_all = torch.zeros(s.n_caches, s.head_dim * biggest)
-        self._v_all = torch.zeros(s.n_caches, biggest * s.head_dim)
+        self._k_all = padded((s.n_caches, s.head_dim * biggest))
+        self._v_all = padded((s.n_caches, biggest * s.head_dim))
         self.k_buf, self.v_buf = list(self._k_all.unbind(0)), list(self._v_all.unbind(0))
 
     # The buffers never move: their views are built once per cache_len (i.e. per method).
@@ -220,9 +233,9 @@ class ShiftPointerIoMgr(IoMgr):
         s = self.shape
         biggest = s.max_seq_len - self.min_ar_len
         # One buffer per cache (rows of one allocation: a step's windows are one as_strided call).
-        self._k_all = torch.zeros(s.n_caches, (s.head_dim + 1) * biggest)
+        self._k_all = padded((s.n_caches, (s.head_dim + 1) * biggest))
         # Window (cache_len rows) at n_past, then the step's output rows right after it.
-        self._v_all = torch.zeros(s.n_caches, (2 * biggest + self.max_ar_len) * s.head_dim)
+        self._v_all = padded((s.n_caches, (2 * biggest + self.max_ar_len) * s.head_dim))
         self.k_buf, self.v_buf = list(self._k_all.unbind(0)), list(self._v_all.unbind(0))
 
     def k_inputs(self) -> list[torch.Tensor]:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from farm.errors import UsageError
-from farm.runner.io_manager import ContextFull, IoMgr, KVShape
+from farm.runner.io_manager import ContextFull, IoMgr, KVShape, padded
 from farm.vocab import Updater
 
 # --eval_mode -> (prompt processor's method, token generator's method), RUN:165-181.
@@ -98,8 +98,8 @@ class SmartMaskV14(IoMgr):
         # (rows of one allocation each, so that a step's store is one copy for all layers).
         self.max_cache_len = s.max_seq_len - self.min_ar_len
         size = s.n_kv_heads * s.head_dim * self.max_cache_len
-        self._k_all = torch.zeros(s.n_layers, size)
-        self._v_all = torch.zeros(s.n_layers, size)
+        self._k_all = padded((s.n_layers, size))  # XNNPACK's read slack after them (io_manager)
+        self._v_all = padded((s.n_layers, size))
 
     def _views(self, cl: int) -> tuple[torch.Tensor, torch.Tensor]:
         """All layers' caches as the method of cache_len ``cl`` reads them: k [L, H, D, cl], v
@@ -128,7 +128,7 @@ class SmartMaskV14(IoMgr):
         """KVM:107-158 with the causal attention map (PP:288-292, TG:239-255): every row attends the
         n_past cached entries, and the step's rows themselves causally in the last AR columns."""
         cl = self.shape.max_seq_len
-        mask = torch.full((1, 1, self.ar_len, cl), MASKED)
+        mask = padded((1, 1, self.ar_len, cl), fill=MASKED)
         mask[0, 0, :, : self.n_past] = 0.0
         rows = np.arange(self.ar_len)
         mask.numpy()[0, 0, :, cl - self.ar_len :][rows[None, :] <= rows[:, None]] = 0.0

@@ -29,6 +29,7 @@ import torch
 from farm.errors import UsageError
 from farm.model.template import IMAGE_TOKEN, VISION_END_MARKERS, VISION_VERSIONS, format_vision_prompt
 from farm.runner.engine import Generation, LlamaRunner, load_program, pick
+from farm.runner.io_manager import padded
 from farm.runner.io_v14 import SmartMaskV14
 
 ENCODER_METHOD = "forward"  # encoder.h:56 kEncoderForwardName
@@ -113,7 +114,7 @@ class MultimodalRunner(LlamaRunner):
         """_step with input embeddings: the io manager's inputs for len(rows) entries, rows in input 0."""
         ar = self.io.ar_len
         inputs = self.io.inputs([0] * len(rows), self.io.n_past)
-        hidden = torch.zeros(1, ar, self.dim)
+        hidden = padded((1, ar, self.dim))  # read in place by the decoder (io_manager.padded)
         hidden[0, : len(rows)] = torch.from_numpy(rows)
         outputs = method.execute([hidden, *inputs[1:]])
         if keep is not None:

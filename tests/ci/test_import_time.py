@@ -27,6 +27,14 @@ def test_start_up_imports_nothing_heavy(module):
     assert not loaded_after(module) & set(HEAVY)
 
 
+# Every xdist worker of a qualification collects the suites: scipy.stats alone was ~0.7 s of CPU
+# for each (farm.results.ab took a normal quantile from it; the standard library has it).
+@pytest.mark.parametrize("module", ["suites.test_correctness", "suites.test_throughput",
+                                    "suites.test_smoke", "suites.test_multimodal"])
+def test_the_suites_import_nothing_heavy_but_numpy(module):
+    assert not loaded_after(module) & (set(HEAVY) - {"numpy"})
+
+
 def test_requests_finds_a_chardet_that_imports_fast():
     # requests (through adbutils) imports chardet whenever it is installed; lm-eval's table writers
     # install it. 6.0 carries language models that take 2.2 s to import; 5.x 0.24 s.

@@ -191,13 +191,27 @@ def test_sigint_is_130_both_ways(via_zygote, kv, zygote, tmp_path):
     zproc, sock = zygote
     client = start(greedy_argv(kv, "ShiftPointer"), tmp_path, sock if via_zygote else None,
                    env=slow_env(500))
-    # 60 tokens at 500 ms each: two seconds in, the runner is loading or generating, never done.
-    time.sleep(2)
+    # 60 tokens at 500 ms each: once the runtime is in (in-process: its library mapped; through the
+    # zygote: the child forked, it was there before), the runner is loading or generating, never done.
+    # Not a fixed sleep: on a loaded host two seconds in-process were still inside torch's import.
+    if via_zygote:
+        wait_children(zproc, 1)
+    else:
+        assert procs.wait_until(lambda: _maps_portable_lib(client.pid), 120, interval=0.05), \
+            client.communicate(timeout=DEADLINE_S)
+    time.sleep(0.5)
     assert client.poll() is None, client.communicate(timeout=DEADLINE_S)
     client.send_signal(signal.SIGINT)
     _, err = client.communicate(timeout=DEADLINE_S)
     assert client.returncode == 130, err
     assert b"Traceback" not in err
+
+
+def _maps_portable_lib(pid: int) -> bool:
+    try:
+        return "_portable_lib" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
 
 
 def test_two_concurrent_runs(kv, zygote, tmp_path):
