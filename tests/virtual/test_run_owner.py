@@ -30,6 +30,18 @@ def _device(home: Path) -> tuple[str, int, Path]:
     return dev["serial"], dev["pid"], Path(dev["root"])
 
 
+def _ends_with_its_owner(home: Path, pid: int, root: Path) -> None:
+    """The device process ``pid`` ends, its owner gone (eventual: the device's watchdog polls its
+    owner); whatever is left (and the adb server) is stopped either way."""
+    deadline = time.monotonic() + 30
+    while is_device_process(pid, root) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        assert not is_device_process(pid, root)
+    finally:
+        _farm_virtual(home, "down")
+
+
 def test_a_device_restarted_from_a_shell_ends_with_the_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no ./farm.toml
     monkeypatch.setenv("PTEFARM_HOME", str(tmp_path / "home"))
@@ -63,13 +75,7 @@ def test_a_device_restarted_from_a_shell_ends_when_the_run_is_killed(tmp_path):
     finally:
         owner.kill()
         owner.wait()
-    deadline = time.monotonic() + 30  # eventual: the device's watchdog polls its owner
-    while is_device_process(pid, root) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    try:
-        assert not is_device_process(pid, root)
-    finally:
-        _farm_virtual(home, "down")  # whatever is left (and the adb server)
+    _ends_with_its_owner(home, pid, root)
 
 
 def test_devices_up_with_exit_with_pid_end_with_that_process(tmp_path, monkeypatch):
@@ -87,13 +93,7 @@ def test_devices_up_with_exit_with_pid_end_with_that_process(tmp_path, monkeypat
     finally:
         owner.kill()
         owner.wait()
-    deadline = time.monotonic() + 30  # eventual: the device's watchdog polls its owner
-    while is_device_process(pid, root) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    try:
-        assert not is_device_process(pid, root)
-    finally:
-        _farm_virtual(home, "down")
+    _ends_with_its_owner(home, pid, root)
 
 
 def test_exit_with_pid_of_no_process_starts_nothing(tmp_path, monkeypatch):
