@@ -30,6 +30,7 @@ from rich.table import Table
 from farm.cli.options import config_option, farm_config, json_option, pool_url_option
 from farm.cli.progress import LeaseWaitReporter, console
 from farm.config import FarmConfig, finite_seconds
+from farm.db.base import PoolLost
 from farm.errors import AdbError, LeaseError, LeaseLost, PoolError, UsageError
 from farm.exitcodes import ExitCode
 from farm.pool import Event, Holder, Lease, LeaseRequest, Pool, PoolStatus
@@ -344,11 +345,15 @@ def _signals(on_signal: Callable[[int], None]) -> Iterator[None]:
 
 
 def _release(lease: Lease) -> None:
-    """Give ``farm pool exec``'s lease back; whatever stops that is a warning (the lease ends by its
-    TTL), never the command's exit code."""
+    """Give ``farm pool exec``'s lease back. A refusal (the lease had ended) or a pool that is gone
+    is a LeaseError for ``hold`` to record: the lease did not outlive the command. The pool being out
+    of reach for a moment is only a warning: the lease ends by its TTL, and the command ended before
+    its fence deadline (checked before this)."""
     try:
         lease.release()
-    except (LeaseError, PoolError) as e:
+    except PoolLost as e:  # deleted or replaced: another pool may lease the device already
+        raise LeaseError(str(e)) from e
+    except PoolError as e:
         click.echo(f"farm: warning: lease {lease.token[:8]} on {lease.serial} not released: {e}",
                    err=True)
     else:
@@ -374,10 +379,20 @@ def exec_command(request: LeaseRequest, holder: Holder, ttl: float | None, timeo
             click.echo(f"farm: interrupted ({e}) while waiting for a lease", err=True)
             return ExitCode.INTERRUPTED
         run = _Exec(lease, command)
-        with hold(lease, release=_release):
-            open_tunnel_for(config, lease.server)  # the command's adb talks to that server
-            click.echo(f"farm: {_leased_line(lease)}; running {shlex.join(command)}", err=True)
-            code = run.run()
+        try:
+            # outlive: a lease that ended before the command did, noticed by the heartbeat, by the
+            # check below or by the release (refused, or the pool gone), is LeaseLost, exit 3.
+            with hold(lease, release=_release, outlive=shlex.join(command)):
+                open_tunnel_for(config, lease.server)  # the command's adb talks to that server
+                click.echo(f"farm: {_leased_line(lease)}; running {shlex.join(command)}", err=True)
+                code = run.run()
+                if run.lost is None:
+                    try:  # the command may have ended before a heartbeat noticed anything
+                        lease.check()
+                    except LeaseLost as e:
+                        run.lost = e
+        except LeaseLost as e:
+            raise run.lost or e from None
     if run.lost is not None:
         raise run.lost
     if run.signalled is not None:

@@ -194,6 +194,31 @@ def test_a_deleted_pool_file_stops_its_holder_and_leases_nothing_again(sqlite_po
     assert "deleted" in err and stopped.read_text().strip() == "stopped"
 
 
+@pytest.mark.parametrize("remove", ["pool.db", "pool.db pool.db.id"])
+def test_a_pool_deleted_under_a_command_that_ends_before_any_heartbeat_is_exit_3(
+        sqlite_pool_url, env, tmp_path, remove):
+    """The command removes the pool (and its note) and exits 0 long before the heartbeat (TTL 60 s,
+    a beat every 20 s) could notice: the end of the command is checked too, so the run is exit 3,
+    never the command's 0 with a warning."""
+    db = Path(sqlite_pool_url.removeprefix("sqlite:///"))
+    with Pool.open(sqlite_pool_url) as p:
+        p.sync([fake_device("dev0", server="127.0.0.1:15037")])
+    ran = farm(env, "pool", "exec", "--url", sqlite_pool_url, "--ttl", "60", "--", "sh", "-c",
+               'cd "$0" && rm -f -- $1', str(db.parent), remove)
+    assert ran.returncode == 3, ran.stderr
+    assert "deleted" in ran.stderr and "not trusted" in ran.stderr
+
+
+def test_a_lease_released_under_a_command_that_ends_at_once_is_exit_3(seeded, env):
+    """Someone ends the lease (`farm pool release` of its token) while its command runs, and the
+    command exits 0 before a heartbeat: the refused release says the lease ended under it, exit 3."""
+    ran = farm(env, "pool", "exec", "--url", seeded, "--ttl", "60", "--", "sh", "-c",
+               '"$0" -P -m farm.cli.main pool release --url "$1" "$PTEFARM_LEASE"', sys.executable, seeded)
+    assert ran.returncode == 3, ran.stderr
+    assert "not trusted" in ran.stderr
+    assert state(seeded) == "available"
+
+
 class SteppedClock(HolderClock):
     """A holder's clock that the test steps back, as a faked or restored clock goes back: a reading
     and a wait both follow it (a wait begun before the step lasts the step longer)."""
