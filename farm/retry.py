@@ -16,16 +16,18 @@ T = TypeVar("T")
 def retrying(call: Callable[[], T], transient: type[Exception] | tuple[type[Exception], ...],
              deadline: float, what: str, *, delay: float = 0.5, max_delay: float = 5.0,
              clock: Callable[[], float] = time.monotonic,
-             sleep: Callable[[float], None] = time.sleep) -> T:
+             sleep: Callable[[float], None] = time.sleep,
+             fatal: type[Exception] | tuple[type[Exception], ...] = ()) -> T:
     """``call()``, retried while it raises ``transient``, waiting ``delay`` (doubling up to
     ``max_delay``) between tries, until ``deadline`` (on ``clock``): a try whose wait would reach the
-    deadline is not made, and the last error is raised. Any other error is raised at once. ``what``
-    says what is being done, for the log line of each retry."""
+    deadline is not made, and the last error is raised. Any other error is raised at once, and so is
+    one of ``fatal``, a kind of ``transient`` that no wait can mend (a pool that is gone, not down).
+    ``what`` says what is being done, for the log line of each retry."""
     while True:
         try:
             return call()
         except transient as e:
-            if clock() + delay >= deadline:
+            if isinstance(e, fatal) or clock() + delay >= deadline:
                 raise
             log.warning("%s (%s); retrying to %s in %.1fs", type(e).__name__, e, what, delay)
             sleep(delay)

@@ -82,6 +82,16 @@ class Timing(StrEnum):
         return {"measured": "measured (phone)", "host-cpu": "host CPU (virtual device)",
                 "simulated": "SIMULATED (phone model, not measured)"}[self.value]
 
+    @property
+    def short(self) -> str:
+        """Its label beside a figure in a table cell, a plot or a log line."""
+        return {"measured": "measured", "host-cpu": "host CPU", "simulated": "SIMULATED"}[self.value]
+
+    @staticmethod
+    def label(value: str) -> str:
+        """``short`` of a stored timing value; "" (no device told it) is "timing unknown"."""
+        return Timing(value).short if value else "timing unknown"
+
     @classmethod
     def of(cls, props: dict[str, str], virtual: bool | None) -> Timing:
         """A device's, from its properties: a virtual device announces a simulated phone's timing

@@ -36,7 +36,7 @@ from farm.execute.deploy import VERIFY_LEVELS, DeployReport, deploy
 from farm.execute.run import RunnerFailed, RunResult, run
 from farm.execute.runprofile import UPDATERS, RunRequest
 from farm.exitcodes import ExitCode
-from farm.vocab import DeviceState, Dialect, Updater
+from farm.vocab import DeviceState, Dialect, Timing, Updater
 
 LEASE_ENV = "PTEFARM_LEASE"  # the token `farm pool exec` gives its command
 # The manifest's model fields that give the context length (as farm.cases.context_len reads them).
@@ -272,13 +272,27 @@ def _runner_error(stderr: str) -> str:
     return (errors or lines or ["exit code 2, no message"])[-1]
 
 
-def _print_result(result: RunResult) -> None:
+def _print_result(result: RunResult, timing: Timing) -> None:
     click.echo(result.text if result.text is not None else result.stdout)
     rates = [("tok/s", result.tokens_per_s), ("decode tok/s", result.decode_tok_s),
              ("prefill tok/s", result.prefill_tok_s)]
     figures = ", ".join(f"{name} {value:.1f}" for name, value in rates if value is not None)
+    if figures and timing != Timing.MEASURED:
+        figures += f" ({timing.figures})"  # a SIMULATED figure never reads as a phone's
     click.echo(f"-- {result.serial} {result.mode}/{result.updater}: {figures or 'no figures'}; "
                f"{len(result.generated_ids or [])} generated ids; {result.duration_s:.2f} s", err=True)
+
+
+def _timing(device) -> Timing:
+    """Where the device's figures come from. A virtual device whose properties cannot be read is an
+    error, not a guess: its figures could be a simulated phone's or the host CPU's."""
+    if not device.is_virtual:
+        return Timing.MEASURED
+    return Timing.of(device.props(), True)
+
+
+def _with_timing(result: dict, timing: Timing) -> dict:
+    return {**result, "timing": timing.value, "figures": timing.figures}
 
 
 @click.command("run")
@@ -324,6 +338,7 @@ def run_cmd(manifest: str, serial: str, prompts: tuple[str, ...], system_prompt:
     request.check()
     _check_context(bundle, seq_len)
     with leased_device(config, _open_device(config, serial), lease_token, force) as device:
+        timing = _timing(device)
         if not no_deploy:
             _deploy_with_progress(device, bundle, "fast",
                                   timeout=min(config.run.command_timeout_s, 120.0), quiet=True,
@@ -338,15 +353,15 @@ def run_cmd(manifest: str, serial: str, prompts: tuple[str, ...], system_prompt:
                 raise UsageError(f"the runner refused the request: {_runner_error(e.result.stderr)}") \
                     from None
             if as_json:
-                click.echo(json.dumps(e.result.to_dict(), indent=2))
+                click.echo(json.dumps(_with_timing(e.result.to_dict(), timing), indent=2))
             else:
                 sys.stderr.write(e.result.stderr)
             click.echo(f"farm: error: {e} [RunnerFailed]", err=True)
             sys.exit(ExitCode.TEST_FAILURE)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(json.dumps(_with_timing(result.to_dict(), timing), indent=2))
     else:
-        _print_result(result)
+        _print_result(result, timing)
 
 
 COMMANDS = (devices, deploy_cmd, run_cmd)

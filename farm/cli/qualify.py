@@ -138,7 +138,10 @@ def qualify(virtual_socs, virtual_timing, manifest, model_config, socs, workers,
     bundle = load(manifest)  # bad input first, before any device is counted or started
     if ab_baseline is not None:
         load(ab_baseline)
-    baseline = default_baseline(baseline_name, purpose, bundle.name, config_path, who="farm qualify")
+    # A baseline named is loaded now (bad input before any device); the default one once the run's
+    # figures say their timing (farm.results.gate.figure_timings).
+    baseline = (default_baseline(baseline_name, purpose, bundle.name, config_path, who="farm qualify")
+                if baseline_name is not None else DEFAULT_BASELINE)
     out = Path(out_dir) if out_dir else Path("reports") / f"qualify-{time.strftime('%Y%m%d-%H%M%S')}"
     # The report directory before any device is counted, started or leased (bad input: exit 2), and
     # held for the whole command: the plugin's run, then report.html and report.md (the plugin takes
@@ -183,6 +186,11 @@ def _qualify(out, virtual_socs, manifest, socs, workers, priority, retries, conf
         sys.exit(exit_code(code, report_dir / "results.json"))
     run = load_run(str(report_dir))
     run.meta.setdefault("purpose", purpose)
+    if baseline is DEFAULT_BASELINE:
+        from farm.results.gate import figure_timings
+
+        baseline = default_baseline(None, purpose, run.meta.get("bundle_name") or "", config_path,
+                                    who="farm qualify", timings=figure_timings(run))
     try:
         written = write_outputs(run, baseline, report_dir, ("markdown", "html"), min_effect=effect,
                                 inconclusive_fails=inconclusive == "fail",
@@ -218,6 +226,8 @@ class _ReportWhere:
 # 4.5-6 s start-up on a loaded 2-core host, against 1.2-1.9 s without them, and every xdist worker
 # pays it again: at 8 workers on 2 cores that start-up was most of a run's overhead. A user's own
 # test that needs one passes it back after `--`: `farm qualify -- -p anyio`.
+# ``baseline`` not named: the default one, chosen once the run's figures say their timing.
+DEFAULT_BASELINE = object()
 UNRELATED_PLUGINS = ("hypothesispytest", "hydra_pytest", "anyio", "kgb")
 
 

@@ -94,10 +94,12 @@ def load_baseline(source: str, *, config_path: str | None = None, what: str = "-
     return _run_at(source, what, config_path, by_name_or_id)
 
 
-def latest_baseline(bundle: str, *, config_path: str | None = None) -> QualificationResults | None:
-    """The newest named baseline of ``bundle`` in the results store; None without one."""
+def latest_baseline(bundle: str, *, config_path: str | None = None,
+                    timings: frozenset[str] | None = None) -> QualificationResults | None:
+    """The newest named baseline of ``bundle`` in the results store whose figures have ``timings``
+    (None: any); None without one."""
     with open_store(config_path) as store:
-        found = store.latest_baseline(bundle)
+        found = store.latest_baseline(bundle, timings=timings)
     if found is None:
         return None
     info, run = found
@@ -106,15 +108,18 @@ def latest_baseline(bundle: str, *, config_path: str | None = None) -> Qualifica
 
 
 def default_baseline(name: str | None, purpose: str, bundle: str, config_path: str | None, *,
-                     who: str = "farm") -> QualificationResults | None:
+                     who: str = "farm", timings: frozenset[str] | None = None) -> QualificationResults | None:
     """The run the gate compares with: ``--baseline`` (a name, run id or report), else for release and
-    nightly runs the latest named baseline of the bundle; None for no gate."""
+    nightly runs the latest named baseline of the bundle whose figures have ``timings`` (the run's:
+    simulated, host-CPU and measured figures never have one another for a baseline); None for no
+    gate."""
     if name is not None:
         return None if name == "none" else load_baseline(name, config_path=config_path, what="--baseline")
     if purpose in ("release", "nightly"):
-        found = latest_baseline(bundle, config_path=config_path)
+        found = latest_baseline(bundle, config_path=config_path, timings=timings)
         if found is None:
-            click.echo(f"{who}: no named baseline for bundle {bundle!r}: throughput is checked "
+            which = f" with {'/'.join(sorted(t or 'unknown' for t in timings))} figures" if timings else ""
+            click.echo(f"{who}: no named baseline for bundle {bundle!r}{which}: throughput is checked "
                        "against the thresholds only", err=True)
         return found
     return None
@@ -341,8 +346,11 @@ def merge(sources: tuple[str, ...], group_id: str | None, out_dir: str | None, b
     meta = merged.run.meta
     out = Path(out_dir) if out_dir else Path("reports") / meta["run_id"]
     check_out_dir(out, make_parents=out_dir is None)
+    from farm.results.gate import figure_timings
+
     baseline = default_baseline(baseline_name, str(meta.get("purpose") or "adhoc"),
-                                str(meta.get("bundle_name") or ""), config_path, who="farm report merge")
+                                str(meta.get("bundle_name") or ""), config_path, who="farm report merge",
+                                timings=figure_timings(merged.run))
     with lock_out_dir(out, meta["run_id"]):
         write_reports(merged.run.records, out, {**meta, "report_dir": str(out.absolute())})
         for s in shards:  # each test's device evidence, under the same relative path as in its shard

@@ -8,12 +8,14 @@ sections the parsers below read).
 from __future__ import annotations
 
 import logging
+import posixpath
 import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from farm.config import DEFAULT_WORKSPACE, AdbServerAddress
 from farm.device.adb_server import FarmAdbClient
+from farm.device.fence import FENCE_NAME
 from farm.device.transport import DeviceTransport
 from farm.soc import htp_arch, soc_from_props
 
@@ -28,7 +30,8 @@ PROPS = (
 )
 
 # One shell call for everything but the properties; sections start with "@@name".
-_PROBE = ("mkdir -p {q} 2>/dev/null; echo @@df; df -k {q} 2>/dev/null; "
+_PROBE = ("mkdir -p {q} 2>/dev/null; echo @@fence; cat {fence} 2>/dev/null; echo; "
+          "echo @@df; df -k {q} 2>/dev/null; "
           "echo @@battery; dumpsys battery 2>/dev/null; echo @@thermal; "
           "for z in /sys/class/thermal/thermal_zone*; do "
           "[ -r \"$z/temp\" ] && echo \"${{z##*/}}=$(cat \"$z/type\" 2>/dev/null)="
@@ -60,9 +63,14 @@ class DeviceInfo:
     thermal: dict[str, float] = field(default_factory=dict)
     tags: tuple[str, ...] = ()  # labels the pool matches lease requests against (e.g. "usb3")
     error: str | None = None
+    # The lease token the device's fence names (farm.device.fence), for the pool alone: a pool that
+    # never granted it holds the device back (farm.pool.health). Never shown: a token is a secret.
+    fence: str | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        shown = asdict(self)
+        del shown["fence"]
+        return shown
 
 
 class Device(DeviceTransport):
@@ -115,7 +123,7 @@ class Device(DeviceTransport):
         """Everything the farm knows about this device; unreadable attributes are None."""
         props = self.props(refresh=True)
         ws = self.workspace
-        probe = _PROBE.format(q=shlex.quote(ws))
+        probe = _PROBE.format(q=shlex.quote(ws), fence=shlex.quote(posixpath.join(ws, FENCE_NAME)))
         sections = split_sections(self.shell(probe, timeout=PROBE_TIMEOUT_S).out)
         battery = parse_battery(sections.get("battery", ""))
         sdk = props.get("ro.build.version.sdk", "")
@@ -128,7 +136,8 @@ class Device(DeviceTransport):
             sdk=int(sdk) if sdk.isdigit() else None, abi=props.get("ro.product.cpu.abi") or None,
             virtual=self.is_virtual, confined=self.confined, workspace=ws, free_bytes=parse_df(sections.get("df", "")),
             battery_level=battery[0], battery_temp_c=battery[1],
-            thermal=parse_thermal(sections.get("thermal", "")))
+            thermal=parse_thermal(sections.get("thermal", "")),
+            fence=sections.get("fence", "").strip() or None)
 
 
 # -- parsers ----------------------------------------------------------------------------------------

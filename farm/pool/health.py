@@ -12,14 +12,23 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from farm.config import tag_problem
 from farm.db.base import Txn
 from farm.errors import UsageError
-from farm.pool.model import AVAILABLE, OFFLINE, QUARANTINED, DeviceRecord, SyncReport
-from farm.pool.rows import has_live_lease, log_event, set_state, settled_state, tags_of_row
+from farm.pool.model import AVAILABLE, LEASED, OFFLINE, QUARANTINED, DeviceRecord, Holder, SyncReport
+from farm.pool.rows import (
+    change_state,
+    has_live_lease,
+    holder_params,
+    log_event,
+    set_state,
+    settled_state,
+    tags_of_row,
+)
 from farm.vocab import EventKind
 
 if TYPE_CHECKING:
@@ -36,13 +45,16 @@ def _device_row(txn: Txn, serial: str) -> dict[str, Any]:
 
 
 def sync(txn: Txn, infos: Iterable[DeviceInfo], servers: Iterable[str] | None,
-         config_tags: Mapping[str, Iterable[str]] | None = None) -> SyncReport:
+         config_tags: Mapping[str, Iterable[str]] | None = None, *,
+         hold_s: float | None = None) -> SyncReport:
     """Make the pool agree with a discovery result.
 
     ``servers``: the adb servers that were scanned ("host:port"); only their devices can vanish, so a
     host that syncs its own servers leaves other hosts' devices alone. None means every server.
     ``config_tags``: serial -> tags from the farm config, applied to every device found (one the
     config no longer names loses them); None leaves the config tags in the pool as they are.
+    ``hold_s``: an available device whose fence names a lease this pool never granted is held back
+    that long (see ``hold_fenced_elsewhere``); None: not held.
     """
     pairs = []
     unusable: dict[str, str] = {}  # serial -> why adb cannot use it (offline, unauthorized, probe error)
@@ -77,6 +89,8 @@ def sync(txn: Txn, infos: Iterable[DeviceInfo], servers: Iterable[str] | None,
             log_event(txn, EventKind.ADDED, serial=rec.serial, to_state="available", detail=rec.describe())
             txn.freed = True
             report.added.append(rec.serial)
+            if hold_s is not None and info.fence:
+                hold_fenced_elsewhere(txn, rec.serial, info.fence, hold_s)
             continue
         old_attrs = (row["server"], row["soc"], row["htp_arch"], row["model"], int(row["virtual"]),
                      row["tags"], row["attrs"])
@@ -89,6 +103,8 @@ def sync(txn: Txn, infos: Iterable[DeviceInfo], servers: Iterable[str] | None,
             log_event(txn, EventKind.UPDATED, serial=rec.serial, detail=rec.describe())
             txn.freed = True  # new attributes may now satisfy a waiter
             report.updated.append(rec.serial)
+        if hold_s is not None and info.fence and row["state"] == AVAILABLE:
+            hold_fenced_elsewhere(txn, rec.serial, info.fence, hold_s)
         if row["state"] == OFFLINE:
             new = settled_state(txn, rec.serial, present=True)
             set_state(txn, rec.serial, OFFLINE, new, reason="")
@@ -109,6 +125,39 @@ def sync(txn: Txn, infos: Iterable[DeviceInfo], servers: Iterable[str] | None,
     if config_tags is not None:
         _apply_config_tags(txn, seen, existing, config_tags, report)
     return report
+
+
+FENCED_ELSEWHERE = "fenced by another pool's lease"
+
+
+def hold_fenced_elsewhere(txn: Txn, serial: str, fence: str, hold_s: float) -> bool:
+    """Hold an available device back for ``hold_s`` if its fence names a lease this pool never
+    granted: the device was leased from another pool, one deleted or replaced under its holders
+    (a fresh pool at the same path knows nothing of them). They stop once they notice, within a
+    heartbeat interval; until then the device is theirs. The hold is a lease of this pool that
+    nobody renews: it shows who holds the device and why, and it expires as any lease does. Once
+    per fence: a fence nobody claims again (its holders gone) is not held twice. Returns whether
+    the device was held."""
+    if txn.one("SELECT 1 AS x FROM leases WHERE token = ?", (fence,)) is not None:
+        return False  # ours: a lease of this pool (live, or ended and its fence left behind)
+    purpose = f"{FENCED_ELSEWHERE} {fence[:8]}"
+    if txn.one("SELECT 1 AS x FROM leases WHERE serial = ? AND purpose = ?", (serial, purpose)):
+        return False
+    if not change_state(txn, serial, AVAILABLE, LEASED):
+        return False
+    token = secrets.token_hex(16)
+    holder = Holder(user="?", host="?", pid=0, purpose=purpose)
+    txn.run("INSERT INTO leases (token, serial, holder_user, holder_host, holder_pid, holder_ci_job, "
+            "purpose, priority, request, created, renewed, expires) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (token, serial, *holder_params(holder), 0, "{}", txn.now, txn.now, txn.now + hold_s))
+    log_event(txn, EventKind.LEASED, serial=serial, from_state=AVAILABLE, to_state=LEASED, token=token,
+              holder=holder.describe(),
+              detail=f"held back {hold_s:g}s: the device's fence names lease {fence[:8]}, which this "
+                     f"pool never granted (a pool deleted or replaced under its holders?)")
+    log.warning("device %s: its fence names lease %s, which this pool never granted: held back %gs",
+                serial, fence[:8], hold_s)
+    return True
 
 
 def _apply_config_tags(txn: Txn, seen: dict[str, DeviceRecord], existing: dict[str, dict[str, Any]],

@@ -98,4 +98,4 @@ def hold(lease: Lease, *, release: Callable[[Lease], object] | None = None,
                 held.refused = e
     if outlive is not None and held.lost is not None:
         raise LeaseLost(f"lease on {lease.serial} ended before {outlive} did ({held.lost}): its "
-                        f"result is not trusted", serial=lease.serial)
+                        f"result is not trusted", serial=lease.serial) from held.lost

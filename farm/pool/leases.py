@@ -84,6 +84,16 @@ FENCE_MARGIN_S = 1.0
 _FENCE_CLOCK = getattr(time, "CLOCK_BOOTTIME", None)
 
 
+# How far a renewer's clock may read before the lease's last renewal (NTP slews, two processes
+# reading the clock a moment apart) before it counts as a clock that went back (ClockBehind).
+CLOCK_STEP_TOLERANCE_S = 5.0
+
+
+class ClockBehind(PoolError):
+    """This process's pool clock reads earlier than the pool's record of a lease (its clock went
+    back): its writes would time the lease wrongly for everyone else. Not an outage to retry."""
+
+
 def fence_clock() -> float:
     """The local clock a lease's fence deadline is kept on (seconds, only differences matter)."""
     return time.clock_gettime(_FENCE_CLOCK) if _FENCE_CLOCK is not None else time.monotonic()
@@ -665,10 +675,19 @@ class Pool(StoreOwner):
         return f"{head}: {len(matching)} of {len(devices)} devices match: {'; '.join(parts)}{queued}"
 
     def renew(self, token: str, ttl_s: float) -> LeaseInfo:
-        """Push the lease's expiry to now + ``ttl_s``. LeaseError if it ended or expired."""
+        """Push the lease's expiry to now + ``ttl_s``. LeaseError if it ended or expired;
+        ClockBehind if this process's pool clock reads earlier than the lease's last renewal (a
+        SQLite pool's clock is each process's own: one that went back would write an expiry that
+        has passed for every other process, which would give the device away under its holder)."""
         with self._write() as txn:
             row = txn.one("SELECT * FROM leases WHERE token = ?", (token,))
             if row is not None and row["ended"] is None:
+                behind = row["renewed"] - txn.now
+                if behind > CLOCK_STEP_TOLERANCE_S:
+                    raise ClockBehind(
+                        f"cannot renew lease {token[:8]} on {row['serial']}: this process's clock "
+                        f"reads {behind:.0f}s before the lease's last renewal (it went back): an "
+                        f"expiry written on it would have passed for every other holder")
                 txn.run("UPDATE leases SET renewed = ?, expires = ? WHERE token = ?",
                         (txn.now, txn.now + ttl_s, token))
                 row.update(renewed=txn.now, expires=txn.now + ttl_s)
@@ -712,7 +731,7 @@ class Pool(StoreOwner):
         come back."""
         with self._write() as txn:
             return health.sync(txn, devices, None if servers is None else [str(s) for s in servers],
-                               self.device_tags)
+                               self.device_tags, hold_s=self.default_ttl_s)
 
     def touch(self, serials: Sequence[str]) -> list[str]:
         """Mark devices seen now (an adb server lists them as usable: a cheap liveness signal that
@@ -912,6 +931,9 @@ class Lease:
             self.lost = e
         except PoolLost as e:
             self.lost = LeaseError(str(e))
+            self.lost.__cause__ = e
+        except ClockBehind as e:
+            self.lost = LeaseError(str(e))
         except PoolError as e:
             self.lost = LeaseError(f"the holder's clock went back and the pool could not confirm the "
                                    f"lease: {e}")
@@ -957,6 +979,10 @@ class Lease:
                 self.lost = e
                 return
             except PoolLost as e:  # not an outage: the pool that granted the lease is gone
+                self.lost = LeaseError(str(e))
+                self.lost.__cause__ = e  # farm.results.outcome.pool_lost reads it: the run stops
+                return
+            except ClockBehind as e:  # not an outage either: no retry renews on a clock gone back
                 self.lost = LeaseError(str(e))
                 return
             except PoolError as e:

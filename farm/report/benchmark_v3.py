@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from farm.report.qualification import devices_of
-from farm.results.gate import GateResult, PointKey, measurements_of
+from farm.results.gate import GateResult, measurements_of, point_key
 from farm.results.records import QualificationResults, TestRecord
 from farm.vocab import ErrorKind, Outcome, Timing
 
@@ -107,7 +107,7 @@ def records(run: QualificationResults, gate: GateResult | None = None) -> list[d
         for m in measurements_of(r, str(meta.get("run_id", "?"))):
             if not m.values:
                 continue
-            point = by_key.get(PointKey(r.soc or "?", m.metric, m.mode, m.seq_len, m.updater))
+            point = by_key.get(point_key(r, m))
             gate_info = {} if point is None else {
                 "gate_verdict": point.verdict, "p_value": point.p_value, "delta": point.delta,
                 "baseline_median": point.base_median, "baseline_run": gate.baseline_id}
@@ -118,8 +118,9 @@ def records(run: QualificationResults, gate: GateResult | None = None) -> list[d
                 "extra_info": _strings({**common_benchmark, "test": r.nodeid, "kv_mode": m.mode,
                                         "seq_len": m.seq_len, "updater": m.updater, "timing": timing,
                                         "simulated": timing == Timing.SIMULATED})},
-                # A simulated figure under the measured metric's name would be plotted as one.
-                "metric": {"name": f"{name}(simulated)" if timing == Timing.SIMULATED else name,
+                # A simulated or host-CPU figure under the measured metric's name would be plotted
+                # as a phone's: only a measured one has the plain name.
+                "metric": {"name": name if timing == Timing.MEASURED else f"{name}({timing or 'unknown timing'})",
                            "benchmark_values": [float(v) for v in m.values],
                            "target_value": float(m.threshold or 0.0),
                            "extra_info": _strings({"method": "generate", "unit": m.unit,

@@ -35,7 +35,7 @@ from farm.report.qualification import (
 )
 from farm.results.gate import GateVerdict, PointResult
 from farm.results.records import TestRecord
-from farm.vocab import Outcome
+from farm.vocab import Outcome, Timing
 
 __all__ = ["render_html"]
 
@@ -56,6 +56,7 @@ th { background: #f5f5f5; } td.num { text-align: right; font-variant-numeric: ta
 td.why { min-width: 16em; }
 .passed, .unchanged, .improved { color: #2e7d32; } .failed, .regressed { color: #c62828; font-weight: 600; }
 .error, .inconclusive { color: #b26a00; font-weight: 600; } .skipped, .new { color: #777; }
+.not-measured { color: #6a1b9a; font-weight: 600; }
 dl.facts { display: grid; grid-template-columns: max-content auto; gap: 2px 14px; }
 dl.facts dt { color: #555; } dl.facts dd { margin: 0; }
 code, .mono { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; }
@@ -123,7 +124,9 @@ def _throughput(q: QualificationReport) -> str:
     rows = []
     for p in q.throughput:
         threshold = "-" if p.threshold is None else f"{p.threshold:g} " + ("ok" if p.threshold_ok else "BELOW")
+        figures = Timing.label(p.key.timing)
         rows.append([td(p.key.soc), td(p.key.mode), td(p.key.seq_len, "num"), td(p.key.updater),
+                     td(figures, "" if p.key.timing == Timing.MEASURED else "not-measured"),
                      td(len(p.now), "num"), td(f"{p.now_median:.1f}", "num"),
                      td(f"{min(p.now):.1f} – {max(p.now):.1f}", "num"),
                      td(threshold, "" if p.threshold_ok in (None, True) else "failed"),
@@ -132,7 +135,7 @@ def _throughput(q: QualificationReport) -> str:
                      td("-" if p.prob_greater is None else f"{p.prob_greater:.2f}", "num"),
                      f'<td class="why">{e(p.reason)}{_details("samples", _samples(p))}</td>'])
     unit = q.throughput[0].unit if q.throughput else "tok/s"
-    return _table(["SoC", "mode", "seq_len", "updater", "n", f"median {unit}", "min – max", "threshold",
+    return _table(["SoC", "mode", "seq_len", "updater", "figures", "n", f"median {unit}", "min – max", "threshold",
                    "baseline median", "delta", "gate", "p", "P(now>base)", "why / samples"], rows, raw=True)
 
 
@@ -249,7 +252,7 @@ def render_html(q: QualificationReport, report_dir: str | os.PathLike | None = N
     title, why = q.headline
     m = q.meta
     bundle = m.get("bundle_name")
-    partial = " (partial)" if q.interrupted else ""
+    partial = " (partial)" if q.partial else ""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',

@@ -11,7 +11,7 @@ from typing import Any
 from farm.report.qualification import (QualificationReport, cell_text, document_title, error_label, facts,
                                         fmt_p, fmt_pct, gate_line, outcome_label)
 from farm.results.records import TestRecord, verdict
-from farm.vocab import Outcome, Verdict
+from farm.vocab import Outcome, Timing, Verdict
 
 
 def _md(text: Any, limit: int = 300) -> str:
@@ -36,7 +36,7 @@ def _evidence_lines(records: list[TestRecord]) -> list[str]:
 
 def render_markdown(q: QualificationReport) -> str:
     title, why = q.headline
-    partial = " (partial)" if q.interrupted else ""
+    partial = " (partial)" if q.partial else ""
     lines = [f"# {_md(document_title(q.meta.get('bundle_name'), title + partial))}", "",
              f"**{why}.** Exit code {int(q.exit_code)}.", ""]
     lines += [f"- {label}: {_md(value)}" for label, value in facts(q)]
@@ -59,10 +59,10 @@ def render_markdown(q: QualificationReport) -> str:
         lines += _evidence_lines(q.errors)
     if q.throughput:
         lines += ["## Throughput", ""]
-        lines += _table(["SoC", "mode", "seq_len", "updater", "n", "median", "min-max", "threshold",
-                         "baseline median", "delta", "gate", "p"],
-                        [[p.key.soc, p.key.mode, p.key.seq_len, p.key.updater, len(p.now),
-                          f"{p.now_median:.1f} {p.unit}", f"{min(p.now):.1f}-{max(p.now):.1f}",
+        lines += _table(["SoC", "mode", "seq_len", "updater", "figures", "n", "median", "min-max",
+                         "threshold", "baseline median", "delta", "gate", "p"],
+                        [[p.key.soc, p.key.mode, p.key.seq_len, p.key.updater, Timing.label(p.key.timing),
+                          len(p.now), f"{p.now_median:.1f} {p.unit}", f"{min(p.now):.1f}-{max(p.now):.1f}",
                           "-" if p.threshold is None else
                           f"{p.threshold:g} {'ok' if p.threshold_ok else 'BELOW'}",
                           "-" if p.base is None else f"{p.base_median:.1f} (n={len(p.base)})",
@@ -110,12 +110,21 @@ def render_markdown(q: QualificationReport) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _figures_of(records: list[TestRecord]) -> str:
+    """Where the run's figures come from (farm.vocab.Timing), as summary.md says it."""
+    timings = {r.properties.get("timing", "") for r in records
+               if any(k.startswith("tok_s.") for k in r.properties) or r.measurements}
+    return ", ".join(sorted(Timing(t).figures if t else "timing unknown" for t in timings)) or "none"
+
+
 def summary_markdown(records: list[TestRecord], meta: dict[str, Any]) -> str:
     v = Verdict(meta["verdict"]) if "verdict" in meta else verdict(records)
     counts = {o: sum(r.outcome == o for r in records) for o in Outcome}
     title = {Verdict.PASS: "PASS", Verdict.FAIL: "FAIL", Verdict.INFRA_ERROR: "INFRA ERROR",
              Verdict.BAD_INPUT: "BAD INPUT"}[v]
-    partial = " (PARTIAL: the run was interrupted)" if meta.get("partial") else ""
+    stopped = meta.get("stopped") if not meta.get("interrupted") else None
+    partial = ((" (PARTIAL: the farm stopped the run)" if stopped else " (PARTIAL: the run was interrupted)")
+               if meta.get("partial") else "")
     lines = [f"# {_md(document_title(meta.get('bundle_name'), title + partial))}", "",
              f"- bundle: `{meta.get('bundle_name', '?')}` (sha256 `{meta.get('bundle_digest', '?')[:16]}`,"
              f" dialect {meta.get('runner_dialect', '?')})",
@@ -123,14 +132,18 @@ def summary_markdown(records: list[TestRecord], meta: dict[str, Any]) -> str:
              f"git {meta.get('git_revision') or 'unknown'}",
              f"- devices: {', '.join(sorted({r.serial for r in records if r.serial})) or 'none'}"
              + (" (virtual)" if meta.get("virtual") else ""),
+             f"- figures: {_figures_of(records)}",
              f"- tests: {len(records)} ({counts[Outcome.PASSED]} passed, {counts[Outcome.FAILED]} "
              f"failed, {counts[Outcome.ERROR]} errors, {counts[Outcome.SKIPPED]} skipped)",
-             f"- wall time: {meta.get('wall_s', 0):.1f} s", "",
+             f"- wall time: {meta.get('wall_s', 0):.1f} s",
+             *([f"- stopped: {_md(stopped)}; the tests after it did not run"] if stopped else []), "",
              "| SoC | device | test | outcome | tok/s | attempts | note |",
              "|---|---|---|---|---|---:|---|"]
     for r in records:
         rates = ", ".join(f"{k.removeprefix('tok_s.')} {v}" for k, v in r.properties.items()
                           if k.startswith("tok_s."))
+        if rates and r.properties.get("timing") != Timing.MEASURED:
+            rates += f" ({Timing.label(r.properties.get('timing', ''))})"
         note = r.message
         if r.attempts:
             note = f"{note} [earlier: {'; '.join(f'{a.serial}: {a.reason}' for a in r.attempts)}]"

@@ -20,7 +20,7 @@ import re
 from collections import defaultdict
 
 from farm.results.gate import PointResult, PointVerdict
-from farm.vocab import Updater
+from farm.vocab import Timing, Updater
 
 __all__ = ["baseline_vs_now", "tok_s_by_soc", "tok_s_vs_seq_len", "trend"]
 
@@ -75,6 +75,17 @@ def _svg(fig, salt: str) -> str:
     return re.sub(r'<svg ', f'<svg role="img" aria-label="{salt}" ', text, count=1)
 
 
+def _figures(points: list[PointResult]) -> str:
+    """Where the plotted figures come from, for the title: a SIMULATED figure never reads as measured."""
+    return "figures: " + ", ".join(sorted({Timing.label(p.key.timing) for p in points}))
+
+
+def _soc(p: PointResult, points: list[PointResult]) -> str:
+    """The SoC as a plot names it; with its timing when the plot holds figures of several."""
+    mixed = len({q.key.timing for q in points}) > 1
+    return f"{p.key.soc} {Timing.label(p.key.timing)}" if mixed else p.key.soc
+
+
 def _color(updater: str, i: int) -> str:
     return COLORS.get(updater, f"C{i % 10}")
 
@@ -86,9 +97,9 @@ def tok_s_by_soc(points: list[PointResult]) -> str | None:
     if len(points) < 2:
         return None
     plt = _pyplot()
-    groups = sorted({(p.key.soc, p.key.mode, p.key.seq_len) for p in points})
+    groups = sorted({(_soc(p, points), p.key.mode, p.key.seq_len) for p in points})
     updaters = sorted({p.key.updater for p in points})
-    by = {(p.key.soc, p.key.mode, p.key.seq_len, p.key.updater): p for p in points}
+    by = {(_soc(p, points), p.key.mode, p.key.seq_len, p.key.updater): p for p in points}
     width = 0.8 / max(1, len(updaters))
     fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(groups) + 2), 3.4))
     for i, u in enumerate(updaters):
@@ -104,7 +115,7 @@ def tok_s_by_soc(points: list[PointResult]) -> str | None:
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=u, color=_color(u, i))
     ax.set_xticks(range(len(groups)), [f"{s}\n{m}/{n}" for s, m, n in groups])
     ax.set_ylabel(points[0].unit)
-    ax.set_title("Throughput per SoC and updater (median, min-max)")
+    ax.set_title(f"Throughput per SoC and updater (median, min-max); {_figures(points)}", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return _svg(fig, "plot-by-soc")
@@ -116,7 +127,7 @@ def tok_s_vs_seq_len(points: list[PointResult]) -> str | None:
     seq_lens or more (points at one seq_len each are no line: nothing against seq_len to see)."""
     lines: dict[tuple[str, str, str], list[PointResult]] = defaultdict(list)
     for p in points:
-        lines[(p.key.soc, p.key.mode, p.key.updater)].append(p)
+        lines[(_soc(p, points), p.key.mode, p.key.updater)].append(p)
     if not any(len({p.key.seq_len for p in pts}) > 1 for pts in lines.values()):
         return None
     plt = _pyplot()
@@ -130,7 +141,7 @@ def tok_s_vs_seq_len(points: list[PointResult]) -> str | None:
                 linestyle="-" if mode == "kv" else "--", label=f"{soc} {mode} {updater}")
     ax.set_xlabel("seq_len")
     ax.set_ylabel(points[0].unit)
-    ax.set_title("Throughput against seq_len per updater (median)")
+    ax.set_title(f"Throughput against seq_len per updater (median); {_figures(points)}", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return _svg(fig, "plot-seq-len")
@@ -155,10 +166,11 @@ def baseline_vs_now(points: list[PointResult]) -> str | None:
             ax.hlines(median, i + dx - 0.12, i + dx + 0.12, color=color, linewidth=2, zorder=4)
         ax.annotate(str(p.verdict), (i, 1.0), xycoords=("data", "axes fraction"), ha="center",
                     va="bottom", fontsize=7, color=VERDICT_COLORS[p.verdict])
-    ax.set_xticks(range(len(compared)), [f"{p.key.soc}\n{p.key.mode}/{p.key.seq_len}\n{p.key.updater}"
+    ax.set_xticks(range(len(compared)), [f"{_soc(p, compared)}\n{p.key.mode}/{p.key.seq_len}\n{p.key.updater}"
                                          for p in compared], fontsize=7)
     ax.set_ylabel(compared[0].unit)
-    ax.set_title("Baseline (grey) vs now, every sample and the median", pad=14)
+    ax.set_title(f"Baseline (grey) vs now, every sample and the median; {_figures(compared)}", pad=14,
+                 fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     return _svg(fig, "plot-baseline")
 
@@ -182,7 +194,7 @@ def trend(series, changes) -> str | None:
                         textcoords="offset points")
         ax.set_xlabel("run (oldest first)")
         ax.set_ylabel(series.unit)
-        title = series.label + (" - SIMULATED figures" if series.timing == "simulated" else "")
+        title = f"{series.label}; figures: {Timing.label(series.timing)}"
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
         return _svg(fig, "trend-" + "".join(ch if ch.isalnum() else "-" for ch in series.label))

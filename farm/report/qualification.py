@@ -111,8 +111,19 @@ class QualificationReport:
         return self.run.records
 
     @property
-    def interrupted(self) -> bool:
+    def stopped(self) -> str | None:
+        """Why the farm stopped the run before its end (a lost pool), or None."""
+        return self.meta.get("stopped") or None
+
+    @property
+    def partial(self) -> bool:
         return bool(self.meta.get("interrupted") or self.meta.get("partial"))
+
+    @property
+    def interrupted(self) -> bool:
+        """Partial because someone stopped it (or a recovered journal: who stopped it is unknown);
+        a run the farm stopped itself is an infrastructure verdict, not an interruption."""
+        return self.partial and not (self.stopped and not self.meta.get("interrupted"))
 
     @property
     def run_verdict(self) -> str:
@@ -128,6 +139,8 @@ class QualificationReport:
         n = self.gate.count("inconclusive")
         if n and not self.gate.failed and self.exit_code != ExitCode.INTERRUPTED:
             why += f"; the regression gate is inconclusive on {n} point(s): more measured runs needed"
+        if self.stopped and not self.interrupted:
+            why += f"; the run stopped before its end ({self.stopped}): this report is partial"
         return title, why
 
     def count(self, outcome: Outcome) -> int:

@@ -40,10 +40,11 @@ from enum import StrEnum
 from farm.errors import UsageError
 from farm.exitcodes import ExitCode, for_verdict
 from farm.results.records import Measurement, QualificationResults, TestRecord
-from farm.vocab import Outcome, Verdict
+from farm.vocab import Outcome, Timing, Verdict
 
 __all__ = ["GateConfig", "GateResult", "GateVerdict", "PointKey", "PointResult", "PointVerdict",
-           "compare_samples", "evaluate", "exit_code", "measurements_of", "min_p_value", "points_of"]
+           "compare_samples", "evaluate", "exit_code", "figure_timings", "measurements_of", "min_p_value",
+           "point_key", "points_of"]
 
 # Units where a smaller number is better; everything else (tok/s) is better when larger.
 LOWER_IS_BETTER_UNITS = frozenset({"ms", "s"})
@@ -81,14 +82,27 @@ class GateConfig:
 
 @dataclass(frozen=True, order=True)
 class PointKey:
+    """One point the gate compares. Its timing (farm.vocab.Timing: measured, host-cpu, simulated;
+    "" where no device told it) is part of it: a simulated phone's figures, a virtual device's host
+    CPU and a phone's measurement are three points, never pooled or compared with one another."""
+
     soc: str
     metric: str
     mode: str
     seq_len: int
     updater: str
+    timing: str = ""
 
     def __str__(self) -> str:
-        return f"{self.soc} {self.mode}/{self.seq_len}/{self.updater} {self.metric}"
+        return f"{self.soc} {self.mode}/{self.seq_len}/{self.updater} {self.metric}" + \
+            (f" ({self.timing})" if self.timing and self.timing != Timing.MEASURED else "")
+
+
+def point_key(record: TestRecord, m: Measurement) -> PointKey:
+    """The point of measurement ``m`` of ``record``: its own timing, else the device's the record
+    names (runs stored before measurements carried one)."""
+    return PointKey(record.soc or "?", m.metric, m.mode, m.seq_len, m.updater,
+                    m.timing or record.properties.get("timing", ""))
 
 
 @dataclass
@@ -222,7 +236,7 @@ def points_of(run: QualificationResults) -> dict[PointKey, Samples]:
         for m in measurements_of(record, run_id):
             if not m.values:
                 continue
-            key = PointKey(record.soc or "?", m.metric, m.mode, m.seq_len, m.updater)
+            key = point_key(record, m)
             samples = points.setdefault(key, Samples(unit=m.unit))
             if samples.unit != m.unit:
                 raise UsageError(f"run {run_id}: {key} measured in {samples.unit!r} and {m.unit!r}")
@@ -233,6 +247,11 @@ def points_of(run: QualificationResults) -> dict[PointKey, Samples]:
             if record.serial:
                 samples.serials.add(record.serial)
     return points
+
+
+def figure_timings(run: QualificationResults) -> frozenset[str]:
+    """The timings of the run's figures (farm.vocab.Timing values; "" for figures no device told)."""
+    return frozenset(key.timing for key in points_of(run))
 
 
 # -- the comparison -----------------------------------------------------------------------------------
@@ -300,6 +319,11 @@ def evaluate(run: QualificationResults, baseline: QualificationResults | None, c
             a, b = run.meta.get(key), baseline.meta.get(key)
             if a is not None and b is not None and a != b:
                 notes.append(f"the baseline's {what} is {b!r}, this run's {a!r}")
+        ours, theirs = {k.timing for k in now_points}, {k.timing for k in base_points}
+        if theirs and ours and ours != theirs:
+            notes.append(f"the baseline's figures are {', '.join(sorted(t or 'of unknown timing' for t in theirs))}, "
+                         f"this run's {', '.join(sorted(t or 'of unknown timing' for t in ours))}: "
+                         f"figures of another timing are never compared")
     results = []
     for key in sorted(now_points):
         samples = now_points[key]

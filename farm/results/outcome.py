@@ -7,7 +7,9 @@
   it counts toward that device's quarantine (the pool, a lease or an adb server failing says nothing
   about the device).
 - ``rerun_policy``: how a farm test is re-run (pytest-rerunfailures' ``flaky`` marker): only after an
-  infrastructure error, never after a failure or a bad input.
+  infrastructure error, never after a failure or a bad input, and never once the pool is gone.
+- ``pool_lost``: whether an error comes from the pool itself being gone (deleted, replaced, dropped):
+  every later test would meet it, so the run stops there (``pool_lost_stop``).
 
 Plain functions of the exception, so that they are tested (and mutation-tested) without running pytest.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from farm.db.base import PoolLost
 from farm.errors import AdbServerDown, InfraError, LeaseLost, LeaseTimeout, PoolError, UsageError
 from farm.vocab import ErrorKind
 
@@ -23,6 +26,10 @@ from farm.vocab import ErrorKind
 NOT_THE_DEVICES_FAULT: tuple[type[InfraError], ...] = (PoolError, LeaseTimeout, LeaseLost, AdbServerDown)
 # The only errors after which a farm test runs again (on another device of its SoC).
 RERUN_ONLY_ON: tuple[type[Exception], ...] = (InfraError,)
+# Infrastructure errors that no re-run can mend.
+RERUN_NEVER_ON: tuple[type[Exception], ...] = (PoolLost,)
+# How a run stopped by a lost pool says so (pytest's Interrupted carries it from an xdist worker).
+POOL_LOST_STOP = "ptefarm: the pool is lost, the run stops"
 
 
 def classify(exc: BaseException) -> ErrorKind | None:
@@ -49,4 +56,28 @@ def rerun_policy(retries: int, delay_s: float) -> dict[str, Any] | None:
     only after an infrastructure error. None: re-runs are off (``retries`` <= 0)."""
     if retries <= 0:
         return None
-    return {"reruns": retries, "reruns_delay": delay_s, "only_rerun": list(RERUN_ONLY_ON)}
+    return {"reruns": retries, "reruns_delay": delay_s, "only_rerun": list(RERUN_ONLY_ON),
+            "rerun_except": list(RERUN_NEVER_ON)}
+
+
+def pool_lost(exc: BaseException | None) -> PoolLost | None:
+    """The PoolLost behind ``exc`` (itself, or what caused it: a lease its heartbeat found gone with
+    its pool), or None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, PoolLost):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def pool_lost_stop(lost: PoolLost) -> str:
+    """What a run stopped by ``lost`` gives pytest as its reason to stop (``session.shouldstop``)."""
+    return f"{POOL_LOST_STOP}: {lost}"
+
+
+def stopped_by_pool_loss(reason: str) -> str | None:
+    """The pool's loss a stop reason names (from ``pool_lost_stop``), or None: not such a stop."""
+    prefix = f"{POOL_LOST_STOP}: "
+    return reason[len(prefix):] if reason.startswith(prefix) else None

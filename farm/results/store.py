@@ -37,6 +37,7 @@ from farm.db.base import Store, StoreOwner, Txn, Where
 from farm.db.connect import open_store
 from farm.errors import UsageError
 from farm.results.changes import PointSeries, RunPoint
+from farm.results.gate import figure_timings
 from farm.results.records import (
     RESULTS_SCHEMA_VERSION,
     Attempt,
@@ -401,17 +402,21 @@ class ResultsStore(StoreOwner):
         with self.store.read() as txn:
             return self._load(txn, self._baseline_row(txn, name).run_id)
 
-    def latest_baseline(self, bundle_name: str | None = None) -> tuple[Baseline, QualificationResults] | None:
-        """The most recently named baseline (of a run of ``bundle_name``, when given), or None."""
+    def latest_baseline(self, bundle_name: str | None = None, *,
+                        timings: frozenset[str] | None = None) -> tuple[Baseline, QualificationResults] | None:
+        """The most recently named baseline (of a run of ``bundle_name``, when given), or None.
+        ``timings``: only a run whose figures have these timings (farm.vocab.Timing: a phone run's
+        baseline is never a simulated or host-CPU run, nor the other way round)."""
         sql = ("SELECT b.* FROM baselines b JOIN runs r ON r.run_id = b.run_id"
                + " WHERE r.shard = ''" + (" AND r.bundle_name = ?" if bundle_name is not None else "")
-               + " ORDER BY b.created DESC, b.name DESC LIMIT 1")
+               + " ORDER BY b.created DESC, b.name DESC")
         with self.store.read() as txn:
-            row = txn.one(sql, (bundle_name,) if bundle_name is not None else ())
-            if row is None:
-                return None
-            info = Baseline(row["name"], row["run_id"], row["created"], row["created_by"])
-            return info, self._load(txn, info.run_id)
+            for row in txn.all(sql, (bundle_name,) if bundle_name is not None else ()):
+                info = Baseline(row["name"], row["run_id"], row["created"], row["created_by"])
+                run = self._load(txn, info.run_id)
+                if timings is None or figure_timings(run) == timings:
+                    return info, run
+        return None
 
 
 def _group_columns(meta: dict[str, Any]) -> tuple[str, str]:

@@ -77,7 +77,29 @@ def test_deploy_then_run(cli_farm, tmp_path):
     result = json.loads(ran.output)
     assert json.loads(result["text"])["prompts"] == ["a 'quoted' $(prompt)", "turn two"]
     assert result["tokens_per_s"] == 50.0 and result["serial"] == serial  # ShiftPointer's figure
+    assert (result["timing"], result["figures"]) == ("host-cpu", "host CPU (virtual device)")
     assert (tmp_path / "out" / "outputs.txt").exists()
+    text = _farm("run", str(manifests["qnn-v1.0"]), "--serial", serial, "--config", str(config),
+                 "--prompt", "hi", "--no-deploy")
+    assert text.exit_code == 0 and "prefill tok/s 100.0 (host CPU (virtual device));" in text.output
+
+
+def test_a_simulated_phones_figures_say_so_in_farm_run(tmp_path):
+    """`farm run` on a virtual device with phone timing: its text and its JSON say SIMULATED beside
+    the figures, as the reports do: a simulated figure never reads as a phone's measurement."""
+    manifest = bundles_per_dialect(tmp_path, "sim")["qnn-v1.0"]
+    with VirtualFarm(home=tmp_path / "farm") as vf:
+        [dev] = vf.up([VirtualDeviceSpec(soc="SM8650", timing="phone")])
+        config = tmp_path / "farm.toml"
+        config.write_text(f'[farm]\nhome = "{tmp_path / "home"}"\n\n'
+                          f'[[adb_servers]]\nhost = "{vf.adb_server.host}"\nport = {vf.adb_server.port}\n')
+        ran = _farm("run", str(manifest), "--serial", dev.serial, "--config", str(config), "--prompt", "hi",
+                    "--json")
+        assert ran.exit_code == 0, ran.output
+        assert json.loads(ran.output)["timing"] == "simulated"
+        text = _farm("run", str(manifest), "--serial", dev.serial, "--config", str(config), "--prompt", "hi")
+    assert text.exit_code == 0, text.output
+    assert "(SIMULATED (phone model, not measured))" in text.output, text.output
 
 
 def test_run_errors_are_one_line(cli_farm):

@@ -225,9 +225,16 @@ class SteppedClock(HolderClock):
 
     def __init__(self) -> None:
         self.offset = 0.0
+        self.stores: list = []  # the holder's pool stores, for a step of its wall clock too
 
     def now(self) -> float:
         return fence_clock() - self.offset
+
+    def step_wall_clock(self, seconds: float) -> None:
+        """The holder's wall clock goes back too (a whole process's clock, as a faked or restored
+        clock is): on SQLite, its pool clock is that wall clock."""
+        for store in self.stores:
+            store.clock_offset_s -= seconds
 
     def wait(self, event: threading.Event, seconds: float) -> bool:
         until = self.now() + seconds
@@ -258,6 +265,7 @@ def stepped_exec(sqlite_pool_url, tmp_path, monkeypatch):
     def with_clock(config=None):
         pool = opened(config)
         pool.clock = clock
+        clock.stores.append(pool.store)
         return pool
 
     monkeypatch.setattr(cli_pool, "_open", with_clock)
@@ -314,6 +322,25 @@ def test_a_holder_whose_clock_steps_back_is_told_its_lease_ended(stepped_exec, s
         assert result["code"] == 3, result
         assert "lost" in result["stderr"] and stopped.read_text().strip() == "stopped"
         p.release(other.token)
+
+
+def test_a_holder_whose_whole_clock_steps_back_is_stopped_not_renewed_into_the_past(stepped_exec,
+                                                                                  sqlite_pool_url):
+    """The holder's clocks, its wall clock too, go back an hour: on SQLite its renewal would write an
+    expiry an hour in the past for every other process, which would give dev0 away under it while it
+    went on and exited 0. The renewal is refused instead, the command stopped, exit 3."""
+    clock, start, stopped, result = stepped_exec
+    thread = start("30")
+    clock.step_wall_clock(3600.0)
+    clock.offset = 3600.0
+    thread.join(60)
+    assert not thread.is_alive()
+    assert result["code"] == 3, result
+    assert "went back" in result["stderr"] and stopped.read_text().strip() == "stopped"
+    with Pool.open(sqlite_pool_url) as p:
+        [lease] = [e for e in p.history(serial="dev0") if e.kind == "leased"]
+        assert "expired" not in events(sqlite_pool_url)
+        assert p.status().devices[0].lease is None or p.status().devices[0].lease.expires > time.time()
 
 
 def test_exec_puts_the_farms_adb_first_on_path(seeded, env, tmp_path):

@@ -140,7 +140,7 @@ def test_a_slowed_device_regresses_against_its_baseline(virtual_farm, tiny_bundl
     assert same.returncode == 0, explain(same)
     md = (tmp_path / "same" / "report.md").read_text()
     assert md.startswith("# Qualification of reference-tiny: PASS"), md
-    assert "| SM8650 | kv | 64 | SmartMask | 5 |" in md and "| unchanged |" in md, md
+    assert "| SM8650 | kv | 64 | SmartMask | host CPU | 5 |" in md and "| unchanged |" in md, md
 
     virtual_farm.set_faults(dev.serial, runner_delay_ms=60)
     slow = _qualify_on(config, tiny_bundle, tmp_path / "slow", tmp_path, *gate)

@@ -122,3 +122,21 @@ def test_by_default_it_waits_on_the_real_clock():
     assert retrying(call, PoolError, time.monotonic() + 60, "lease", delay=0.001) == "leased"
     with pytest.raises(PoolError):
         retrying(failing(1), PoolError, time.monotonic() - 1, "lease")
+
+
+def test_a_fatal_kind_of_a_transient_error_is_raised_at_once():
+    """A pool that is gone (PoolLost, a PoolError) is not an outage: no wait can mend it."""
+    from farm.db.base import PoolLost
+
+    t = FakeTime()
+    calls = []
+
+    def call() -> str:
+        calls.append(1)
+        raise PoolLost("the database file was deleted")
+
+    with pytest.raises(PoolLost):
+        retrying(call, PoolError, 1000.0, "lease", clock=t.clock, sleep=t.sleep, fatal=PoolLost)
+    assert (calls, t.slept) == ([1], [])
+    assert retrying(failing(2), PoolError, 1000.0, "lease", clock=t.clock, sleep=t.sleep,
+                    fatal=PoolLost) == "leased"  # a plain outage is still waited out

@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import sqlite3
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from farm.db.base import PoolLost
-from farm.errors import LeaseLost
+from farm.errors import LeaseLost, LeaseTimeout
 from farm.pool import LeaseRequest, Pool
 from farm.procs import wait_until
 from tests.support.pool import PROMPT_S, fake_device
@@ -116,3 +117,43 @@ def test_an_unchanged_pool_opens_and_leases_as_before(pool_url):
             pass
     finally:
         first.close()
+
+
+def test_a_device_fenced_by_a_lease_of_another_pool_is_held_back_for_a_ttl(pool_url):
+    """Pool and note deleted, a fresh pool at the path knows nothing of the old holders, who still
+    use their devices until their heartbeat notices (a third of their TTL): a device whose fence
+    names a lease this pool never granted is held back for a TTL, once, never leased at once. A fence
+    of this pool's own (a lease that ended) holds nothing."""
+    from farm.pool import Holder
+    from tests.support.pool import HandClock
+
+    foreign = "f0" * 16
+    pool = Pool.open(pool_url, poll_s=0.02)
+    clock = HandClock(pool=pool)
+    try:
+        pool.sync([replace(fake_device("dev0"), fence=foreign)])
+        [status] = pool.status().devices
+        assert status.device.state == "leased" and status.lease is not None
+        assert "fenced by another pool's lease f0f0f0f0" in status.lease.holder.purpose
+        with pytest.raises(LeaseTimeout):
+            pool.acquire(LeaseRequest(), Holder.current(), ttl_s=30, timeout_s=0)
+        clock.t += pool.default_ttl_s + 1  # the hold expires as a lease does
+        pool.sync([replace(fake_device("dev0"), fence=foreign)])  # seen again: within the liveness bound
+        lease = pool.acquire(LeaseRequest(), Holder.current(), ttl_s=30, timeout_s=0)
+        pool.release(lease.token)
+        assert pool.status().devices[0].device.state == "available"  # the same fence: not held again
+        ours = pool.acquire(LeaseRequest(), Holder.current(), ttl_s=30, timeout_s=0)
+        pool.release(ours.token)
+        pool.sync([replace(fake_device("dev0"), fence=ours.token)])  # our own fence, left behind
+        assert pool.status().devices[0].device.state == "available"
+        kinds = [e.kind for e in pool.history(serial="dev0", limit=None)]
+        assert kinds.count("expired") == 1
+    finally:
+        pool.close()
+
+
+def test_a_fence_token_is_never_shown():
+    """The probe reads the fence for the pool alone: discovery's record, as `farm devices --json`
+    and the pool's attributes show it, leaves the token out."""
+    info = replace(fake_device("dev0"), fence="ab" * 16)
+    assert "fence" not in info.to_dict() and "ab" * 16 not in repr(info)

@@ -56,7 +56,7 @@ def test_the_schema_rejects_what_the_database_would():
 
 def test_throughput_records_keep_every_sample_and_the_gate():
     data = _export(slow=0.8)
-    tput = [r for r in data if r["metric"]["name"] == "token_per_sec"]
+    tput = [r for r in data if r["metric"]["name"] == "token_per_sec(host-cpu)"]
     point = next(r for r in tput if r["benchmark"]["extra_info"]["updater"] == "SmartMask"
                  and r["runners"][0]["extra_info"]["soc"] == "SM8650"
                  and r["benchmark"]["extra_info"]["seq_len"] == "64")
@@ -92,7 +92,7 @@ def test_an_errored_throughput_test_exports_no_samples():
             r.outcome = Outcome.ERROR
     data = records(run)
     _validate(data)
-    assert not [r for r in data if r["metric"]["name"] == "token_per_sec"]
+    assert not [r for r in data if r["metric"]["name"].startswith("token_per_sec")]
 
 
 def test_farm_report_format_v3(tmp_path):
@@ -106,6 +106,20 @@ def test_farm_report_format_v3(tmp_path):
     assert proc.stdout.strip() == f"pytorch-benchmark-v3: {path}"
     _validate(json.loads(path.read_text()))
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["benchmark-v3.json"]
+
+
+def test_only_a_measured_figure_has_the_measured_metrics_name():
+    """Host CPU, simulated and unknown timings each get a name of their own in the v3 export: a
+    dashboard that plots token_per_sec plots phones' measurements alone."""
+    now = sample_run()
+    timings = {"SM8650": "host-cpu", "SM8550": ""}
+    for r in now.records:
+        for m in r.measurements:
+            m.timing = timings[r.soc]
+        r.properties.pop("timing", None)
+    names = {(r["runners"][0]["extra_info"]["soc"], r["metric"]["name"]) for r in records(now)
+             if r["metric"]["name"].startswith("token_per_sec")}
+    assert names == {("SM8650", "token_per_sec(host-cpu)"), ("SM8550", "token_per_sec(unknown timing)")}
 
 
 def test_a_simulated_figure_never_reads_as_a_measured_one():

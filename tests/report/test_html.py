@@ -34,8 +34,10 @@ HOSTILE = "Say \"hi\" $(reboot) `id`; echo '<|eot_id|>' <script>alert(1)</script
 def _tput(soc: str, serial: str, updater: str, values: list[float], seq_len: int = 64) -> TestRecord:
     return TestRecord(f"suites/test_throughput.py::test_min_throughput[{soc}-kv-{seq_len}-{updater}]",
                       Outcome.PASSED, soc, serial, duration_s=1.5,
-                      properties={"mode": "kv", "seq_len": str(seq_len), "updater": updater},
-                      measurements=[Measurement("tok_s", "tok/s", values, updater, "kv", seq_len, 20.0)])
+                      properties={"mode": "kv", "seq_len": str(seq_len), "updater": updater,
+                                  "timing": "host-cpu"},
+                      measurements=[Measurement("tok_s", "tok/s", values, updater, "kv", seq_len, 20.0,
+                                                timing="host-cpu")])  # the sample's devices are virtual
 
 
 def _spread(center: float, n: int = 6) -> list[float]:
@@ -351,3 +353,32 @@ def test_an_interrupted_write_leaves_no_half_report(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         report_cli.write_outputs(sample_run(), None, tmp_path / "r", ("markdown", "html"))
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["report.md"]  # whole, or absent
+
+
+def test_every_figure_says_where_it_comes_from():
+    """A simulated phone's figures beside a phone's, in one run: report.md's and report.html's
+    throughput rows, the plots' titles and summary.md each say SIMULATED beside the simulated ones,
+    and the measured ones read as measured."""
+    from farm.report.markdown import summary_markdown
+
+    run = sample_run()
+    for r in run.records:
+        timing = "simulated" if r.soc == "SM8650" else "measured"
+        r.properties["timing"] = timing
+        for m in r.measurements:
+            m.timing = timing
+            r.properties[f"tok_s.{m.updater}"] = f"{m.values[0]:.2f}"  # as the throughput suite sets it
+    q = qualification_report(run, None)
+    md = render_markdown(q)
+    rows = [line for line in md.splitlines() if line.startswith("| SM8") and "tok/s" in line]
+    assert rows and all(("| SIMULATED |" in line) == line.startswith("| SM8650") for line in rows), rows
+    assert all("| measured |" in line for line in rows if line.startswith("| SM8550"))
+    html = render_html(q)
+    assert '<td class="not-measured">SIMULATED</td>' in html
+    assert "figures: SIMULATED, measured" in html  # the plot titles
+    summary = summary_markdown(run.records, run.meta)
+    assert "- figures: SIMULATED (phone model, not measured), measured (phone)" in summary
+    sim = [line for line in summary.splitlines() if "test_min_throughput[SM8650" in line]
+    assert sim and all("(SIMULATED)" in line for line in sim), sim
+    assert not [line for line in summary.splitlines() if "test_min_throughput[SM8550" in line
+                and "SIMULATED" in line]

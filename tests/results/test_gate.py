@@ -17,6 +17,7 @@ from farm.results.gate import (
     compare_samples,
     evaluate,
     exit_code,
+    figure_timings,
     measurements_of,
     min_p_value,
 )
@@ -422,3 +423,31 @@ def test_bad_throughput_properties_are_refused_naming_the_run_record_and_propert
     with pytest.raises(UsageError) as caught:
         evaluate(QualificationResults({"run_id": run_id} if run_id else {}, [record]), None)
     assert str(caught.value) == f"{where}: {message}"
+
+
+def _timed(record: TestRecord, timing: str) -> TestRecord:
+    for m in record.measurements:
+        m.timing = timing
+    return record
+
+
+def test_figures_of_another_timing_are_another_point_never_pooled_nor_compared():
+    """A simulated phone, a virtual device's host CPU and a phone of one SoC are three points: a
+    measured run against a simulated baseline compares nothing (every point new, a note says why),
+    and devices of two timings in one run are never pooled."""
+    base = _run("base", [_timed(_tput("SM8650", "sim", "SmartMask", _normal(100, 1, 8, 21)), "simulated")])
+    now = _run("now", [_timed(_tput("SM8650", "phone", "SmartMask", _normal(50, 1, 8, 22)), "measured"),
+                       _timed(_tput("SM8650", "vdev", "SmartMask", _normal(900, 1, 8, 23)), "host-cpu")])
+    gate = evaluate(now, base)
+    by_timing = {p.key.timing: p for p in gate.points}
+    assert set(by_timing) == {"measured", "host-cpu"}
+    assert by_timing["measured"].serials == ["phone"] and by_timing["host-cpu"].serials == ["vdev"]
+    assert {p.verdict for p in gate.points} == {PointVerdict.NEW}  # not "regressed by 50 %"
+    assert any("never compared" in n and "simulated" in n for n in gate.notes), gate.notes
+    assert str(by_timing["host-cpu"].key) == "SM8650 kv/64/SmartMask tok_s (host-cpu)"
+    assert str(by_timing["measured"].key) == "SM8650 kv/64/SmartMask tok_s"
+    assert figure_timings(now) == frozenset({"measured", "host-cpu"})
+    # The same timing on both sides is compared as before.
+    again = evaluate(_run("again", [_timed(_tput("SM8650", "sim", "SmartMask", _normal(80, 1, 8, 24)),
+                                           "simulated")]), base)
+    assert [p.verdict for p in again.points] == [PointVerdict.REGRESSED] and not again.notes

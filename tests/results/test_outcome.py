@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from farm.db.base import PoolLost
 from farm.errors import (
     AdbError,
     AdbServerDown,
@@ -20,7 +21,15 @@ from farm.errors import (
     RunIncomplete,
     UsageError,
 )
-from farm.results.outcome import blames_device, classify, failed_on, rerun_policy
+from farm.results.outcome import (
+    blames_device,
+    classify,
+    failed_on,
+    pool_lost,
+    pool_lost_stop,
+    rerun_policy,
+    stopped_by_pool_loss,
+)
 from farm.vocab import ErrorKind
 
 # Every kind of exception a farm test meets: (exception, its kind, whether its device is to blame).
@@ -75,8 +84,31 @@ def test_no_reruns_when_retries_are_off(retries):
 def test_a_farm_test_is_rerun_up_to_its_retries_only_after_an_infra_error():
     policy = rerun_policy(1, 2.5)
     assert policy is not None
-    assert policy == {"reruns": 1, "reruns_delay": 2.5, "only_rerun": [InfraError]}
+    assert policy == {"reruns": 1, "reruns_delay": 2.5, "only_rerun": [InfraError],
+                      "rerun_except": [PoolLost]}
     only = tuple(policy["only_rerun"])
     assert all(isinstance(exc, only) for exc, kind, _ in JUDGED if kind is ErrorKind.INFRA)
     assert not any(isinstance(exc, only) for exc, kind, _ in JUDGED if kind is not ErrorKind.INFRA)
 
+
+
+def test_a_lost_pool_is_found_behind_the_lease_it_ended():
+    """The heartbeat turns PoolLost into the lease's loss, and the test's hold into LeaseLost: the
+    plugin still sees that the pool itself is gone (every later test would meet it) and stops."""
+    gone = PoolLost("pool sqlite:///p.db: the database file p.db was deleted")
+    lost = LeaseError(str(gone))
+    lost.__cause__ = gone
+    try:
+        try:
+            raise lost
+        except LeaseError as e:
+            raise LeaseLost("lease on dev0 ended before the test did", serial="dev0") from e
+    except LeaseLost as e:
+        assert pool_lost(e) is gone
+    assert pool_lost(gone) is gone
+    assert pool_lost(LeaseLost("lease taken away", serial="dev0")) is None
+    assert pool_lost(PoolError("database is locked")) is None  # an outage: waited out, not a stop
+    assert pool_lost(None) is None
+    reason = pool_lost_stop(gone)
+    assert stopped_by_pool_loss(reason) == str(gone)
+    assert stopped_by_pool_loss("KeyboardInterrupt") is None

@@ -262,3 +262,21 @@ def test_history_of_some_runs_by_id(results):
         results.save_run(make_run(run_id))
     assert sorted(s.run_id for s in results.list_runs(run_ids=["r3", "r1", "r9"])) == ["r1", "r3"]
     assert results.list_runs(run_ids=[]) == []
+
+
+def test_the_default_baseline_has_the_runs_timing(results):
+    """The newest named baseline of the bundle is a simulated run: a phone run's default baseline
+    is the older measured one, never the simulated one (nor the other way round)."""
+    measured, simulated = make_run("m1", started_at="2025-01-01T00:00:00+0000"), make_run("s1")
+    for run, timing in ((measured, "measured"), (simulated, "simulated")):
+        for r in run.records:
+            for m in r.measurements:
+                m.timing = timing
+        results.save_run(run)
+    results.set_baseline("phones", "m1")
+    time.sleep(0.01)  # the pool clock orders the names
+    results.set_baseline("sim", "s1")
+    assert results.latest_baseline("stories_110m")[0].name == "sim"
+    assert results.latest_baseline("stories_110m", timings=frozenset({"measured"}))[0].name == "phones"
+    assert results.latest_baseline("stories_110m", timings=frozenset({"simulated"}))[0].name == "sim"
+    assert results.latest_baseline("stories_110m", timings=frozenset({"host-cpu"})) is None
