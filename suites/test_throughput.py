@@ -199,6 +199,11 @@ def test_relative_throughput(llm, farm, thresholds, record_measurement, point):
                        decided=lambda r: against_bound(r, bound) != BoundVerdict.UNDECIDED)
     llm.record("ab.bound", f"{bound:.4f}")
     llm.record("ab.rule", against_bound(got.result, bound))
+    if llm.device.timing == Timing.SIMULATED:
+        # The phone model was given each updater's figures: the rule then checks the A/B on the
+        # effect it was handed, and says so wherever its verdict is read.
+        llm.record("ab.evidence", "none: SIMULATED figures, the phone model's own data; this checks "
+                                  "the comparison on a known effect, only a phone's run tests the rule")
     problem = too_slow(rule.faster, rule.slower, got.result, rule.max_slowdown_pct)
     assert problem is None, f"{problem} ({rule.mode}, seq_len {rule.seq_len}) on {_where(llm.device)}"
 
