@@ -2,6 +2,7 @@
 redeploy of the unchanged bundle; peak RSS of the deploying process.
 
     python bench/bench_deploy.py [--pte-mb 800] [--lib-mb 96,64,48,16] [--rounds 5] [--link-mbps R]
+                                 [--target KEY=LIMIT]
 
 The bundle is synthetic (random bytes: one .pte and a few libraries, a manifest with their sha256) in a
 temporary directory under /tmp, deleted at the end. Each round runs, interleaved so drift on a shared
@@ -29,7 +30,12 @@ for USB 2, a few hundred for USB 3), where the link, not the host's CPU, sets th
 
 Deploy times are taken inside the child (no interpreter start-up), adb's as its whole process. Peak RSS
 is the child's own ``ru_maxrss`` (``os.wait4``), interpreter and imports included. MB/s are best-of;
-the ratios are medians of per-round ratios. Ends with one summary line.
+the ratios are medians of per-round ratios, quoted with their spread (min-max) over the rounds.
+
+Targets: ``farm deploy`` >= 0.85x adb push, a deploy with the digests cached >= 0.9x, a redeploy in
+< 1 % of the first deploy's time, peak RSS < 200 MB (medians over rounds; the RSS the highest); one
+line each says met or MISSED (``--target KEY=LIMIT`` sets one for a run), and the bench exits 1 when
+one is missed. Ends with one summary line.
 """
 
 from __future__ import annotations
@@ -38,7 +44,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,9 +51,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import Spread, Target, add_target_option, judge, print_verdicts, targets_met  # noqa: E402
+from benchlib import with_overrides  # noqa: E402
 
 MB = 1 << 20
-TARGET_RATIO, TARGET_VERIFY_DEPLOY, TARGET_REDEPLOY, TARGET_RSS_MB = 0.9, 0.85, 0.01, 200
+TARGETS = (
+    Target("farm_deploy", "farm deploy of a new bundle (verified in the push), x adb push", ">=", 0.85,
+           "x", ".2f"),
+    Target("cached", "deploy with the digests cached, x adb push", ">=", 0.9, "x", ".2f"),
+    Target("redeploy", "redeploy time, % of the first deploy's", "<", 1.0, " %", ".2f"),
+    Target("rss", "peak RSS", "<", 200, " MB", ".0f"),
+)
 
 
 def _child(manifest: str, port: int, serial: str, mode: str) -> None:
@@ -112,6 +127,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--link-mbps", type=float, default=None,
                         help="the virtual device's link at this rate (MB/s) for every method")
+    add_target_option(parser, TARGETS)
     parser.add_argument("--child", nargs=4, metavar=("MANIFEST", "PORT", "SERIAL", "MODE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -119,6 +135,7 @@ def main() -> int:
         manifest, port, serial, mode = args.child
         _child(manifest, int(port), serial, mode)
         return 0
+    targets = with_overrides(TARGETS, args.target)
 
     from farm.device.adb_server import adb_binary
     from farm.device.discovery import find_device
@@ -189,25 +206,30 @@ def main() -> int:
           f"{args.rounds} interleaved rounds, "
           + (f"link {args.link_mbps:g} MB/s (the virtual device's link fault)" if args.link_mbps
              else "unthrottled (the device's side shares the host's cores)"))
-    print(f"  {'method':<24} {'best MB/s':>10} {'x adb (median)':>15} {'peak RSS':>9}   runs")
+    def x_adb(label: str) -> Spread:  # per round: the rounds interleave, so each shares its load
+        return Spread.of(a / t for a, t in zip(adb, rows[label]))
+
+    print(f"  {'method':<24} {'best MB/s':>10} {'x adb median (min-max)':>23} {'peak RSS':>9}   runs")
     for label, times in rows.items():
         runs = ", ".join(f"{t:.3f}s" for t in times)
         if label == "redeploy (unchanged)":
-            print(f"  {label:<24} {'0 bytes':>10} {'':>15} {'':>9}   {runs}")
+            print(f"  {label:<24} {'0 bytes':>10} {'':>23} {'':>9}   {runs}")
             continue
-        ratio = statistics.median(a / t for a, t in zip(adb, times))
         peak = f"{max(rss[label]) / MB:.0f} MB" if label in rss else ""
-        print(f"  {label:<24} {total / 1e6 / min(times):10.1f} {ratio:15.2f} {peak:>9}   {runs}")
-    cached = statistics.median(a / t for a, t in zip(adb, rows["deploy, digests cached"]))
-    stream = statistics.median(a / t for a, t in zip(adb, rows["farm deploy"]))
-    twice = statistics.median(a / t for a, t in zip(adb, rows["verify, then deploy"]))
+        print(f"  {label:<24} {total / 1e6 / min(times):10.1f} {x_adb(label).format():>23} {peak:>9}"
+              f"   {runs}")
+    cached, stream = x_adb("deploy, digests cached"), x_adb("farm deploy")
+    twice = x_adb("verify, then deploy")
+    again = Spread.of(100 * r for r in redeploy)
     peak_mb = max(max(v) for v in rss.values()) / MB
-    print(f"summary: farm deploy of a new bundle (verified in the push) {stream:.2f}x adb push "
-          f"throughput (target >= {TARGET_VERIFY_DEPLOY}; verify, then deploy {twice:.2f}x), a deploy "
-          f"with the digests cached {cached:.2f}x (target >= {TARGET_RATIO}), redeploy 0 bytes in "
-          f"{100 * statistics.median(redeploy):.2f} % of the first deploy's time (target < "
-          f"{100 * TARGET_REDEPLOY:.0f} %), peak RSS {peak_mb:.0f} MB (target < {TARGET_RSS_MB} MB)")
-    return 0
+    verdicts = judge([(targets["farm_deploy"], stream.median), (targets["cached"], cached.median),
+                      (targets["redeploy"], again.median), (targets["rss"], peak_mb)])
+    code = print_verdicts(verdicts)
+    print(f"summary: farm deploy of a new bundle (verified in the push) x{stream.format()} adb push "
+          f"throughput (verify, then deploy x{twice.format()}), a deploy with the digests cached "
+          f"x{cached.format()}, redeploy 0 bytes in {again.format()} % of the first deploy's time, "
+          f"peak RSS {peak_mb:.0f} MB; median (min-max) of {args.rounds} round(s); {targets_met(verdicts)}")
+    return code
 
 
 if __name__ == "__main__":

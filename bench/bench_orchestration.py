@@ -1,7 +1,8 @@
 """Orchestration overhead of the pytest plugin: 48 tests that each wait on a device, on 1, 2, 4 and 8
 virtual devices, against the ideal makespan.
 
-    python bench/bench_orchestration.py [--tests 48] [--sleep 2] [--devices 1,2,4,8] [--before REV]
+    python bench/bench_orchestration.py [--tests 48] [--sleep 2] [--devices 1,2,4,8] [--rounds 3]
+                                        [--before REV] [--target KEY=LIMIT]
 
 Each test takes the ``device`` fixture (a lease from the pool, heartbeat, fenced device) and runs
 ``sleep S`` on the device: the device waits, the host does nothing, as while a phone works. The test
@@ -23,7 +24,13 @@ costs (a Python interpreter, pytest and execnet per worker, on the host's cores)
 (``PTEFARM_FORK_WORKERS=0``) instead of forked from the plugin's worker zygote, side by side;
 ``--late-zygote`` adds it with the zygote started as the run configures (``PTEFARM_FORK_WORKERS=late``)
 instead of as pytest imports the plugin.
-``--rounds N`` runs every configuration N times, interleaved, and reports each one's median wall.
+``--rounds N`` (3) runs every configuration N times, interleaved, and reports each one's median wall;
+each ratio is the median of the rounds' ratios (farm / bare xdist within a round: they share its load)
+with its spread (min-max) over the rounds.
+
+Targets: wall / ideal makespan <= 1.05 on 1 device and <= 1.10 on 8 (the median over rounds, this
+checkout's default run), judged at the device counts measured; one line each says met or MISSED
+(``--target KEY=LIMIT`` sets one for a run) and the bench exits 1 when one is missed.
 
 ``--before REV`` measures the plugin (``fixtures/``) of git revision REV beside this checkout's, each
 device count run before then after (the host's load is shared by both), and "before" with pytest's
@@ -48,8 +55,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
-TARGETS = {1: 1.05, 8: 1.10}
+from benchlib import Spread, Target, add_target_option, judge, print_verdicts, targets_met  # noqa: E402
+from benchlib import with_overrides  # noqa: E402
+
+# devices -> the target on wall / ideal makespan there
+TARGETS = {d: Target(f"wall_ideal_{d}", f"wall / ideal makespan on {d} device{'s' * (d > 1)}", "<=", limit,
+                     "x")
+           for d, limit in ((1, 1.05), (8, 1.10))}
 # This checkout's other ways of starting xdist workers (PTEFARM_FORK_WORKERS), side by side with the
 # default: label -> (the switch's value, what the row is, what the summary calls it).
 WORKER_STARTS = {
@@ -119,7 +133,25 @@ class Variant:
     extra: list[str]  # pytest arguments
     env: dict[str, str] | None = None  # PYTHONPATH with another revision's plugin
     idle: float = 0.0
-    rows: list[tuple[int, float, float]] = field(default_factory=list)  # (devices, wall, ideal)
+    rows: list[Row] = field(default_factory=list)
+
+
+@dataclass
+class Row:
+    devices: int
+    walls: list[float]  # one a round
+    ideal: float
+    bares: list[float] = field(default_factory=list)  # bare xdist's walls, the same rounds
+
+    @property
+    def wall(self) -> float:
+        return statistics.median(self.walls)
+
+    def ratio(self) -> Spread:
+        return Spread.of(w / self.ideal for w in self.walls)
+
+    def over_bare(self) -> Spread:
+        return Spread.of(w / b for w, b in zip(self.walls, self.bares))
 
 
 def plugin_of(rev: str, into: Path) -> dict[str, str]:
@@ -149,11 +181,14 @@ def main() -> int:
     parser.add_argument("--late-zygote", action="store_true",
                         help="also this checkout with the worker zygote started as the run configures "
                              "(PTEFARM_FORK_WORKERS=late)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="runs of every configuration, interleaved; the median wall is reported")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runs of every configuration, interleaved; medians and their spread "
+                             "(min-max) are reported")
     parser.add_argument("--no-baseline", action="store_true",
                         help="leave out bare pytest-xdist (the same sleeps on the host, no farm)")
+    add_target_option(parser, TARGETS.values())
     args = parser.parse_args()
+    targets = with_overrides(list(TARGETS.values()), args.target)
     from farm.cli.qualify import unrelated_plugin_args
     from tests.support.devices import make_qnn_bundle
 
@@ -183,15 +218,15 @@ def main() -> int:
                 if not args.no_baseline:
                     bares.append(run_bare(tmp, d, args.tests, args.sleep, variants[-1].extra))
             for v in variants:
-                v.rows.append((d, statistics.median(walls[v.label]),
-                               math.ceil(args.tests / d) * args.sleep))
+                v.rows.append(Row(d, walls[v.label], math.ceil(args.tests / d) * args.sleep, bares))
             if bares:
                 bare[d] = statistics.median(bares)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"{args.tests} tests of `sleep {args.sleep:g}` on the device, through the pytest plugin "
-          f"(-n D, one worker per device); median wall of {args.rounds} round(s)")
+          f"(-n D, one worker per device); median wall of {args.rounds} round(s), ratios median "
+          f"(min-max)")
     for v in variants:
         if v.label == "before":
             what = f"the plugin of {args.before}, pytest's plugins as installed"
@@ -201,41 +236,49 @@ def main() -> int:
         else:
             what = "this checkout, with the plugins farm qualify blocks"
         print(f"  {v.label or 'run'}: {what}: {shlex.join(v.extra) or 'no extra pytest arguments'}")
-    print(f"  {'variant':>7} {'devices':>7} {'wall s':>8} {'ideal s':>8} {'ratio':>6} "
+    print(f"  {'variant':>7} {'devices':>7} {'wall s':>8} {'ideal s':>8} {'ratio (min-max)':>21} "
           f"{'overhead s':>11} {'per test on a device s':>23}")
     for i, d in enumerate(counts):
         for v in variants:
-            _, wall, ideal = v.rows[i]
-            per_slot = (wall - ideal) / math.ceil(args.tests / d)
-            print(f"  {v.label or '-':>7} {d:>7} {wall:8.2f} {ideal:8.2f} {wall / ideal:6.3f} "
-                  f"{wall - ideal:11.2f} {per_slot:23.3f}")
+            r = v.rows[i]
+            per_slot = (r.wall - r.ideal) / math.ceil(args.tests / d)
+            print(f"  {v.label or '-':>7} {d:>7} {r.wall:8.2f} {r.ideal:8.2f} {r.ratio().format('.3f'):>21} "
+                  f"{r.wall - r.ideal:11.2f} {per_slot:23.3f}")
         if d in bare:
-            ideal = math.ceil(args.tests / d) * args.sleep
-            print(f"  {'xdist':>7} {d:>7} {bare[d]:8.2f} {ideal:8.2f} {bare[d] / ideal:6.3f} "
-                  f"{bare[d] - ideal:11.2f} {'(bare, no farm)':>23}")
+            r = variants[-1].rows[i]
+            own = Spread.of(b / r.ideal for b in r.bares)
+            print(f"  {'xdist':>7} {d:>7} {bare[d]:8.2f} {r.ideal:8.2f} {own.format('.3f'):>21} "
+                  f"{bare[d] - r.ideal:11.2f} {'(bare, no farm)':>23}")
     for v in variants:
         print(f"  {v.label + ': ' if v.label else ''}same {args.tests} tests with `sleep 0` on 1 "
               f"device: {v.idle:.2f} s ({v.idle / args.tests * 1000:.0f} ms a test, start-up included)")
 
-    def ratios(v: Variant, targets: bool) -> str:
-        return ", ".join(f"{d} dev {wall / ideal:.3f}x" + (f" (target <= {TARGETS[d]})"
-                                                          if targets and d in TARGETS else "")
-                         for d, wall, ideal in v.rows)
+    def ratios(v: Variant) -> str:
+        return ", ".join(f"{r.devices} dev x{r.ratio().format('.3f')}" for r in v.rows)
 
     after = variants[-1]
-    before = f"; before ({args.before}): {ratios(variants[0], False)}" if args.before else ""
+    before = f"; before ({args.before}): {ratios(variants[0])}" if args.before else ""
     others = [(v, WORKER_STARTS[v.label][2]) for v in variants if v.label in WORKER_STARTS]
-    before += "".join(f"; {called}: {ratios(v, False)}" for v, called in others)
+    before += "".join(f"; {called}: {ratios(v)}" for v, called in others)
     floor = ""
     if bare:
         floor = ("; bare pytest-xdist (same sleeps on the host, no farm): "
-                 + ", ".join(f"{d} workers {bare[d] / ideal:.3f}x" for d, _, ideal in after.rows)
+                 + ", ".join(f"{r.devices} workers x{Spread.of(b / r.ideal for b in r.bares).format('.3f')}"
+                             for r in after.rows)
                  + "; farm / bare xdist wall: "
-                 + ", ".join(f"{d} dev x{wall / bare[d]:.3f}" for d, wall, _ in after.rows)
-                 + "".join(f" ({called}: " + ", ".join(f"{d} dev x{wall / bare[d]:.3f}" for d, wall, _ in v.rows)
+                 + ", ".join(f"{r.devices} dev x{r.over_bare().format('.3f')}" for r in after.rows)
+                 + "".join(f" ({called}: " + ", ".join(f"{r.devices} dev x{r.over_bare().format('.3f')}"
+                                                       for r in v.rows)
                            + ")" for v, called in others))
-    print(f"summary: wall / ideal makespan: {ratios(after, True)}{before}{floor}")
-    return 0
+    # Judged on this checkout's default run; the other variants are there to be compared with it.
+    verdicts = judge((targets[TARGETS[r.devices].key], r.ratio().median) for r in after.rows
+                     if r.devices in TARGETS)
+    code = print_verdicts(verdicts)
+    judged = targets_met(verdicts) if verdicts else (
+        f"no target at these device counts (targets at {' and '.join(map(str, TARGETS))} devices)")
+    print(f"summary: wall / ideal makespan, median (min-max) of {args.rounds} round(s): "
+          f"{ratios(after)}{before}{floor}; {judged}")
+    return code
 
 
 if __name__ == "__main__":
