@@ -4,7 +4,7 @@
 # Not part of ci/test.sh (it takes minutes); run it when a verdict path or its tests change.
 #   ci/mutation.sh                          every module
 #   ci/mutation.sh farm.execute.compare     only that module's mutants (any mutmut name glob works)
-# ci/mutmut_cli.py is mutmut with SQL's case mutants left out (equivalent by definition: see there).
+# mutmut comes with the dev extras (ci/setup.sh). ci/mutmut_cli.py is mutmut with SQL's case mutants left out (equivalent by definition: see there).
 # PTEFARM_MUTATION_JOBS sets the parallel children (default 4: on 2 cores, half of a mutant's time is
 # waiting on subprocesses, disk and bounded waits, and 2 children left the CPU half idle);
 # MUTATION_REPORT_ARGS=--diffs prints diffs.
@@ -19,7 +19,6 @@ export PTEFARM_HOME=${PTEFARM_TEST_HOME:-$PWD/.farm/test-home}
 # A test's bound on what should happen at once (tests/support/pool.py): each mutant that breaks a
 # heartbeat or a grant pays it before it counts as killed. 5 s is still hundreds of times what it takes.
 export PTEFARM_TEST_PROMPT_S=${PTEFARM_TEST_PROMPT_S:-5}
-python -m pip install -q "mutmut==3.8.1"
 rm -rf mutants  # mutmut resumes from mutants/; a fresh copy measures the tree as it is
 globs=()
 for m in "$@"; do

@@ -13,6 +13,7 @@ summation order); the largest difference and the first step that differs are rep
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -171,15 +172,22 @@ class Comparison:
 
 
 def compare_updaters(device: DeviceLike, bundle: Bundle, *, mode: str, prompt: str, seq_len: int,
-                     timeout: float = 600.0, base: RunRequest | None = None) -> Comparison:
-    """Run the same greedy request with both updaters on one device (bundle already deployed)."""
+                     timeout: float = 600.0, base: RunRequest | None = None,
+                     updaters: Sequence[str] = UPDATER_PAIR, dump_logits: bool | None = None,
+                     runner: Callable[[RunRequest], RunResult] | None = None) -> Comparison:
+    """Run the same greedy request with each of ``updaters`` on one device (bundle already deployed):
+    the one comparison of updaters there is (the plugin's ``llm.compare`` is this, with ``runner`` its
+    own ``generate``, which records what each run gave). ``dump_logits``: None asks the runner
+    whether it can (``can_dump_logits``). ``runner``: how one request is run (default: ``run``)."""
     request = base or RunRequest(prompts=[prompt])
+    dump = can_dump_logits(device, bundle, mode) if dump_logits is None else dump_logits
     request = replace(request, prompts=[prompt], mode=mode, seq_len=seq_len, temperature=0.0,
-                      dump_logits=can_dump_logits(device, bundle, mode))
+                      dump_logits=dump)
     comparison = Comparison(serial=device.serial, mode=mode, prompt=prompt, seq_len=seq_len)
-    for updater in UPDATER_PAIR:
-        comparison.results[updater] = run(device, bundle, replace(request, updater=updater),
-                                          timeout=timeout)
+    for updater in updaters:
+        one = replace(request, updater=updater)
+        comparison.results[updater] = (run(device, bundle, one, timeout=timeout) if runner is None
+                                       else runner(one))
     return comparison
 
 

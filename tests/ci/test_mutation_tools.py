@@ -79,15 +79,58 @@ def test_an_equivalent_is_matched_by_its_change_not_by_mutmuts_number(tmp_path, 
              "farm.m.x_h__mutmut_5": "+    n = 3"}  # the same text in another function is not it
     monkeypatch.setattr(report, "results", lambda: dict(statuses))
     monkeypatch.setattr(report, "diff_of", diffs.__getitem__)
-    assert report.main([]) == 0
+    assert report.main([]) == 1  # a stale entry, and a score under 95 %
     out = capsys.readouterr().out
     (row,) = [line for line in out.splitlines() if line.startswith("farm.m ")]
     assert row.split()[1:] == ["1", "2", "1", "0", "33.3%"]
-    survivors = out.split("survivors")[1].split("equivalents matching")[0]
+    survivors = out.split("survivors")[1].split("stale equivalents")[0]
     assert "farm.m.x_f__mutmut_6" in survivors and "farm.m.x_h__mutmut_5" in survivors
     assert "farm.m.x_f__mutmut_5" not in survivors
-    unused = out.split("equivalents matching no survivor")[1]
+    unused = out.split("stale equivalents, matching no survivor")[1].split("mutation report:")[0]
     assert "farm.m.x_f__mutmut_9" in unused and "farm.other" not in unused
+    assert "FAILED: 1 stale equivalent(s); score 33.3% < 95%" in out
+
+
+def test_the_report_fails_on_a_stale_entry_or_a_low_score_and_passes_otherwise(capsys):
+    good = collections.Counter(killed=95, survived=5)
+    assert report.verdict(good, [], 95.0) == 0
+    assert report.verdict(collections.Counter(killed=94, survived=6), [], 95.0) == 1
+    assert report.verdict(good, ["farm.m.x_f__mutmut_1"], 95.0) == 1
+    assert report.verdict(collections.Counter(equivalent=3), [], 95.0) == 0  # nothing left to judge
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_an_entry_for_code_that_is_gone_or_changed_is_stale(tmp_path):
+    """Read against mutmut's own mutants of the code as it is: an entry naming a function that is
+    gone, or a change none of its mutants makes any more, is stale; one that still matches is not."""
+    (tmp_path / "farm").mkdir()
+    (tmp_path / "farm" / "m.py").write_text("def f(a, b):\n    return a + b\n\n\n"
+                                             "class C:\n    def g(self):\n        return 3\n")
+    entries = {}
+    for mutant, mutated in (("farm.m.x_f__mutmut_1", "return a - b"),      # still made
+                            ("farm.m.xǁCǁg__mutmut_1", "return 4"),        # still made
+                            ("farm.m.x_f__mutmut_2", "return a * b * c"),  # no mutant makes it
+                            ("farm.m.x_gone__mutmut_1", "return 1")):      # no such function
+        e = report.Equivalent(mutant, mutated, "why", tmp_path / "farm.m.toml")
+        entries[(report.function_of(mutant), mutated)] = e
+    stale = {e.mutant: why for e, why in report.stale_entries(entries, tmp_path)}
+    assert set(stale) == {"farm.m.x_f__mutmut_2", "farm.m.x_gone__mutmut_1"}, stale
+    assert "no function gone" in stale["farm.m.x_gone__mutmut_1"]
+    assert "no mutant of f makes this change" in stale["farm.m.x_f__mutmut_2"]
+
+
+def test_every_module_that_decides_a_verdict_is_mutated():
+    """The modules whose code decides a verdict or what a device holds are all in mutmut's
+    source_paths (a parser of the device's answers that nothing mutates could be wrong unseen)."""
+    import tomllib
+
+    paths = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mutmut"]["source_paths"])
+    deciding = {"farm/execute/compare.py", "farm/execute/run.py", "farm/execute/deploy.py",
+                "farm/execute/devicecmd.py", "farm/execute/chunkstore.py", "farm/results/gate.py",
+                "farm/results/checks.py", "farm/results/outcome.py", "farm/retry.py",
+                "farm/device/fence.py", "farm/bundle/manifest.py", "farm/pool/leases.py"}
+    assert deciding <= paths, sorted(deciding - paths)
+    assert all((REPO / p).is_file() for p in paths), sorted(p for p in paths if not (REPO / p).is_file())
 
 
 def test_the_clean_run_is_skipped_only_after_a_full_stats_run_in_this_process():

@@ -324,3 +324,18 @@ def test_a_run_without_a_prompt_count_names_the_row():
     for r in c.results.values():
         r.observers = [{"generated_tokens": 7}]
     assert "differ from row 2 on" in c.explain()
+
+
+def test_a_runner_given_runs_each_of_the_updaters_asked_and_nothing_else(runs):
+    """The plugin's llm.compare passes its own generate and its bundle's updaters (a v1.4 runner has
+    SmartMask only): the comparison runs those, through the runner given, never farm.execute.run."""
+    seen: list[RunRequest] = []
+
+    def runner(request: RunRequest) -> RunResult:
+        seen.append(request)
+        return result(request.updater, ids=[4, 5])
+
+    c = compare_updaters(DEVICE, BUNDLE, mode="hybrid", prompt="p", seq_len=8, updaters=["SmartMask"],
+                         dump_logits=False, runner=runner)
+    assert [r.updater for r in seen] == ["SmartMask"] and runs.calls == []
+    assert [r.dump_logits for r in seen] == [False] and list(c.results) == ["SmartMask"]

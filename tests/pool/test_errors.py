@@ -98,3 +98,23 @@ def test_postgres_pool_lock_held_elsewhere_times_out(pg_pool_url):
                 pool.acquire(LeaseRequest(), ttl_s=10, timeout_s=0)
             assert [d.device.serial for d in pool.status().devices] == ["dev0"]
         stuck.rollback()
+
+
+def test_the_callers_connect_and_lock_timeouts_reach_the_store(monkeypatch):
+    """Pool.open passes both timeouts on: a caller that asked for a 2 s connect timeout (a CLI that
+    must answer fast) never waits open_store's default 10 s."""
+    import farm.pool.leases as leases
+
+    asked = {}
+
+    class Opened(Exception):
+        pass
+
+    def open_store(url, **timeouts):
+        asked.update(timeouts, url=url)
+        raise Opened
+
+    monkeypatch.setattr(leases, "open_store", open_store)
+    with pytest.raises(Opened):
+        Pool.open("postgresql://127.0.0.1:1/x", connect_timeout_s=2.0, lock_timeout_s=3.0)
+    assert asked == {"url": "postgresql://127.0.0.1:1/x", "connect_timeout_s": 2.0, "lock_timeout_s": 3.0}
