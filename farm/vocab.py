@@ -89,8 +89,20 @@ class Timing(StrEnum):
 
     @staticmethod
     def label(value: str) -> str:
-        """``short`` of a stored timing value; "" (no device told it) is "timing unknown"."""
-        return Timing(value).short if value else "timing unknown"
+        """``short`` of a stored timing value; "" (no device told it), or a value that is none of
+        ours, is "timing unknown": never read as measured."""
+        try:
+            return Timing(value).short
+        except ValueError:
+            return "timing unknown"
+
+    @staticmethod
+    def figures_of(value: str) -> str:
+        """``figures`` of a stored timing value, as ``label`` treats one it does not know."""
+        try:
+            return Timing(value).figures
+        except ValueError:
+            return "timing unknown"
 
     @classmethod
     def of(cls, props: dict[str, str], virtual: bool | None) -> Timing:

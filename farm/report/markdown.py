@@ -114,7 +114,7 @@ def _figures_of(records: list[TestRecord]) -> str:
     """Where the run's figures come from (farm.vocab.Timing), as summary.md says it."""
     timings = {r.properties.get("timing", "") for r in records
                if any(k.startswith("tok_s.") for k in r.properties) or r.measurements}
-    return ", ".join(sorted(Timing(t).figures if t else "timing unknown" for t in timings)) or "none"
+    return ", ".join(sorted({Timing.figures_of(t) for t in timings})) or "none"
 
 
 def summary_markdown(records: list[TestRecord], meta: dict[str, Any]) -> str:

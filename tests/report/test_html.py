@@ -382,3 +382,12 @@ def test_every_figure_says_where_it_comes_from():
     assert sim and all("(SIMULATED)" in line for line in sim), sim
     assert not [line for line in summary.splitlines() if "test_min_throughput[SM8550" in line
                 and "SIMULATED" in line]
+
+
+def test_a_timing_value_that_is_none_of_ours_reads_as_unknown_never_as_measured():
+    from farm.report.markdown import summary_markdown
+
+    run = sample_run()
+    for r in run.records:
+        r.properties["timing"] = "host CPU"  # a label where a value belongs: a suite's own slip
+    assert "- figures: timing unknown" in summary_markdown(run.records, run.meta)
