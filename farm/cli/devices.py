@@ -283,14 +283,6 @@ def _print_result(result: RunResult, timing: Timing) -> None:
                f"{len(result.generated_ids or [])} generated ids; {result.duration_s:.2f} s", err=True)
 
 
-def _timing(device) -> Timing:
-    """Where the device's figures come from. A virtual device whose properties cannot be read is an
-    error, not a guess: its figures could be a simulated phone's or the host CPU's."""
-    if not device.is_virtual:
-        return Timing.MEASURED
-    return Timing.of(device.props(), True)
-
-
 def _with_timing(result: dict, timing: Timing) -> dict:
     return {**result, "timing": timing.value, "figures": timing.figures}
 
@@ -338,7 +330,8 @@ def run_cmd(manifest: str, serial: str, prompts: tuple[str, ...], system_prompt:
     request.check()
     _check_context(bundle, seq_len)
     with leased_device(config, _open_device(config, serial), lease_token, force) as device:
-        timing = _timing(device)
+        # From its properties (read once, cached); unreadable, that is an error, never a guess.
+        timing = Timing.of(device.props(), device.is_virtual)
         if not no_deploy:
             _deploy_with_progress(device, bundle, "fast",
                                   timeout=min(config.run.command_timeout_s, 120.0), quiet=True,
