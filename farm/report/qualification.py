@@ -123,7 +123,7 @@ class QualificationReport:
     def interrupted(self) -> bool:
         """Partial because someone stopped it (or a recovered journal: who stopped it is unknown);
         a run the farm stopped itself is an infrastructure verdict, not an interruption."""
-        return self.partial and not (self.stopped and not self.meta.get("interrupted"))
+        return bool(self.meta.get("interrupted")) or (self.partial and not self.stopped)
 
     @property
     def run_verdict(self) -> str:
