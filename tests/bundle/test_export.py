@@ -92,6 +92,23 @@ def test_export_bad_model_names_the_flag():
     assert "--model" in result.output and "huge" in result.output
 
 
+def test_several_models_are_exported_by_one_call_one_manifest_each_in_order(tiny_bundle, qwen_bundle):
+    result = CliRunner().invoke(farm_main, ["export", "--model", "tiny-qwen2_5", "--model", "tiny"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().splitlines() == [str(qwen_bundle), str(tiny_bundle)]
+
+
+def test_an_unknown_model_among_several_fails_before_any_export(tmp_path, monkeypatch):
+    from farm.bundle import export as v10
+
+    exported = []
+    monkeypatch.setattr(v10, "export_bundle", lambda name, *a, **k: exported.append(name))
+    result = CliRunner().invoke(farm_main, ["export", "--out", str(tmp_path), "--model", "tiny",
+                                            "--model", "huge"])
+    assert result.exit_code == 2 and "unknown reference model 'huge'" in result.output
+    assert exported == [] and not any(tmp_path.iterdir())
+
+
 def test_export_config_is_a_deprecated_alias_of_model(tiny_bundle):
     result = CliRunner().invoke(farm_main, ["export", "--config", "tiny"])
     assert result.exit_code == 0, result.output
