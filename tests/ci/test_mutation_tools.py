@@ -74,7 +74,9 @@ def test_an_equivalent_is_matched_by_its_change_not_by_mutmuts_number(tmp_path, 
     load = report.load_equivalents
     monkeypatch.setattr(report, "load_equivalents", lambda: load(tmp_path))
     statuses = {"farm.m.x_f__mutmut_1": "killed", "farm.m.x_f__mutmut_5": "survived",
-                "farm.m.x_f__mutmut_6": "survived", "farm.m.x_h__mutmut_5": "survived"}
+                "farm.m.x_f__mutmut_6": "survived", "farm.m.x_h__mutmut_5": "survived",
+                # a run of farm.m alone lists the other modules' mutants as not checked
+                "farm.other.x_g__mutmut_1": "not checked"}
     diffs = {"farm.m.x_f__mutmut_5": "+    n = 3", "farm.m.x_f__mutmut_6": "+    n = 4",
              "farm.m.x_h__mutmut_5": "+    n = 3"}  # the same text in another function is not it
     monkeypatch.setattr(report, "results", lambda: dict(statuses))
@@ -88,6 +90,7 @@ def test_an_equivalent_is_matched_by_its_change_not_by_mutmuts_number(tmp_path, 
     assert "farm.m.x_f__mutmut_5" not in survivors
     unused = out.split("stale equivalents, matching no survivor")[1].split("mutation report:")[0]
     assert "farm.m.x_f__mutmut_9" in unused and "farm.other" not in unused
+    assert not any(line.startswith("farm.other") for line in out.splitlines())
     assert "FAILED: 1 stale equivalent(s); score 33.3% < 95%" in out
 
 
