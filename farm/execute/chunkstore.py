@@ -216,8 +216,7 @@ def push_chunks(device: DeviceLike, store: str, wanted: dict[str, tuple[FileChun
             except InfraError as e:
                 log.info("device %s: chunks of a failed push not kept: %s", device.serial, e)
             raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown()  # every job has returned: its idle workers end
     finally:
         for f, mm, view in files.values():
             view.release()
@@ -262,7 +261,8 @@ def assemble(device: DeviceLike, store: str, plan: FileChunks, stored: dict[str,
                        f"xargs cat -- < {ql} > {qt}; sha256sum -- {qt}; {date}"
                        f"echo @@stat; stat -c '%Y' -- {qt}; rm -f -- {ql}",
                        timeout=max(timeout, hash_timeout)).out
-    digest_text, _, stat_text = out.partition("@@stat")
+    # The last marker: the first may be inside the target's name, which sha256sum prints before it.
+    digest_text, _, stat_text = out.rpartition("@@stat")
     words = digest_text.split()
     digest = words[0].lower() if words and len(words[0]) == 64 else None
     stamp = stat_text.split()
@@ -303,8 +303,10 @@ def referenced(device: DeviceLike, record_name: str, *, timeout: float) -> set[s
     if the records cannot be read (then nothing may be evicted)."""
     root = shlex.quote(device.workspace)
     marker = "@@ptefarm-record"
-    command = (f"cd {root} && for r in */{shlex.quote(record_name)}; do "
-               f"[ -f \"$r\" ] && {{ echo; echo {marker}; cat -- \"$r\"; }}; done; true")
+    # A workspace that cannot be entered fails the command (records unread: None), where the loop's
+    # own status is not one (a bundle without a record is none of our business).
+    command = (f"cd {root} && {{ for r in */{shlex.quote(record_name)}; do "
+               f"[ -f \"$r\" ] && {{ echo; echo {marker}; cat -- \"$r\"; }}; done; true; }}")
     try:
         text = device.shell(command, timeout=timeout, check=True).out
     except InfraError as e:
