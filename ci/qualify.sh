@@ -77,9 +77,10 @@ to_pytest=(-- --farm-results-url "$results_url")  # before the caller's: a --far
 if [ "${#pytest_args[@]}" -gt 0 ]; then to_pytest+=("${pytest_args[@]:1}"); fi
 
 state=$(mktemp -d "${TMPDIR:-/tmp}/ptefarm-qualify.XXXXXX")
-sets=()
+sets=() exports=()
 # shellcheck disable=SC2329  # invoked by the trap
 end_job() {
+  for pid in ${exports[@]+"${exports[@]}"}; do kill "$pid" 2>/dev/null || true; done  # still exporting
   for name in ${sets[@]+"${sets[@]}"}; do farm virtual down --config "$state/$name.toml" >/dev/null 2>&1 || true; done
   rm -rf "$state"
 }
@@ -95,10 +96,18 @@ device_set() {  # NAME TIMING SOC[:N]...: virtual devices with their own adb ser
     --timing "${timing:-$set_timing}" --exit-with-pid $$ >"$state/$name.up.log" 2>&1 \
     || { cat "$state/$name.up.log" >&2; echo "ci/qualify.sh: cannot start the $name devices" >&2; exit 3; }
 }
+# Every bundle the legs qualify, exported before them beside the devices' start (ci/export-bundles.sh
+# says why): a leg whose bundle is cached imports no torch. Its failure is the job's: every leg of that
+# bundle would fail on it anyway.
+ci/export-bundles.sh &
+exports=($!)
 # One set per lane (its legs run one after another); `small` is measured on simulated phones.
 device_set lane-a host SM8650:2 SM8550 SM8750
 device_set lane-b host SM8650:2 SM8550 SM8750
 device_set phone phone SM8650:2
+code=0; wait "${exports[0]}" || code=$?
+exports=()
+[ "$code" -eq 0 ] || exit "$code"
 
 qualify() {  # SET OUT [options...]: one farm qualify on a set's devices
   local set=$1 out=$2; shift 2

@@ -6,6 +6,12 @@ ci/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 unset PYTHONDONTWRITEBYTECODE  # what this run imports is compiled once and kept (ci/setup.sh says why)
+# The tests' reference bundles, exported into their cache beside the rest of the set-up (ci/export-bundles.sh
+# says why: two workers no longer export one bundle at once, each paying torch's imports).
+export PTEFARM_HOME=${PTEFARM_TEST_HOME:-$PWD/.farm/test-home}
+ci/export-bundles.sh tests &
+exports=$!
+trap 'kill "$exports" 2>/dev/null || true' EXIT
 ci/start-postgres.sh
 # The report tests render the HTML report in Debian's headless chromium.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -23,7 +29,9 @@ if [ -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && [ ! -d /run/sshd ]; then
   mkdir -m 0755 /run/sshd
 fi
 export PTEFARM_TEST_PG_URL=${PTEFARM_TEST_PG_URL-postgresql://postgres@127.0.0.1:5432/test}
-# Tests never touch the user's farm state: their own home (bundle cache included, kept between runs).
-export PTEFARM_HOME=${PTEFARM_TEST_HOME:-$PWD/.farm/test-home}
+# Tests never touch the user's farm state: their own home (PTEFARM_HOME above: bundle cache included,
+# kept between runs).
+wait "$exports"  # set -e: a failed export is the run's failure, its output on stderr
+trap - EXIT
 # Two workers by default (CI has 2 cores); PTEFARM_TEST_WORKERS=0 runs in one process.
 exec python -m pytest -n "${PTEFARM_TEST_WORKERS:-2}" "$@"
