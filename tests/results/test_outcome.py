@@ -92,6 +92,18 @@ def test_a_farm_test_is_rerun_up_to_its_retries_only_after_an_infra_error():
 
 
 
+@pytest.mark.timeout(10)
+def test_an_exception_chain_that_loops_is_walked_once_and_ends():
+    # An exception raised while handling one that it caused loops its chain (a.__context__ is b,
+    # b.__cause__ is a): the walk must end, with no PoolLost found where there is none.
+    a, b = LeaseError("lease on dev0 ended"), InfraError("device dev0 gone", serial="dev0")
+    a.__context__, b.__cause__ = b, a
+    assert pool_lost(a) is None and pool_lost(b) is None
+    gone = PoolLost("pool sqlite:///p.db: deleted")
+    gone.__context__, a.__cause__ = a, gone  # and one that loops through it is still found
+    assert pool_lost(b) is gone
+
+
 def test_a_lost_pool_is_found_behind_the_lease_it_ended():
     """The heartbeat turns PoolLost into the lease's loss, and the test's hold into LeaseLost: the
     plugin still sees that the pool itself is gone (every later test would meet it) and stops."""
