@@ -38,6 +38,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/setup.sh
+set_up_s=$SECONDS
 # shellcheck disable=SC1091
 . .venv/bin/activate
 unset PYTHONDONTWRITEBYTECODE  # what this run imports is compiled once and kept (ci/setup.sh says why)
@@ -108,6 +109,7 @@ device_set phone phone SM8650:2
 code=0; wait "${exports[0]}" || code=$?
 exports=()
 [ "$code" -eq 0 ] || exit "$code"
+echo "ci/qualify.sh: set-up ${set_up_s} s; bundles exported and devices up $((SECONDS - set_up_s)) s later" >&2
 
 qualify() {  # SET OUT [options...]: one farm qualify on a set's devices
   local set=$1 out=$2; shift 2
