@@ -6,8 +6,9 @@ ci/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 unset PYTHONDONTWRITEBYTECODE  # what this run imports is compiled once and kept (ci/setup.sh says why)
-# The tests' reference bundles, exported into their cache beside the rest of the set-up (ci/export-bundles.sh
-# says why: two workers no longer export one bundle at once, each paying torch's imports).
+# Tests never touch the user's farm state: their own home (bundle cache included, kept between runs).
+# Their reference bundles are exported into it beside the rest of the set-up (ci/export-bundles.sh says
+# why: two workers no longer export one bundle at once, each paying torch's imports).
 export PTEFARM_HOME=${PTEFARM_TEST_HOME:-$PWD/.farm/test-home}
 ci/export-bundles.sh tests &
 exports=$!
@@ -29,8 +30,6 @@ if [ -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && [ ! -d /run/sshd ]; then
   mkdir -m 0755 /run/sshd
 fi
 export PTEFARM_TEST_PG_URL=${PTEFARM_TEST_PG_URL-postgresql://postgres@127.0.0.1:5432/test}
-# Tests never touch the user's farm state: their own home (PTEFARM_HOME above: bundle cache included,
-# kept between runs).
 wait "$exports"  # set -e: a failed export is the run's failure, its output on stderr
 trap - EXIT
 # Two workers by default (CI has 2 cores); PTEFARM_TEST_WORKERS=0 runs in one process.

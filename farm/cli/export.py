@@ -54,8 +54,9 @@ def export(model_names: tuple[str, ...], deprecated_config: str | None, out_dir:
         if name not in known:
             flag = "--model" if model_names or not deprecated_config else "--config"
             raise UsageError(f"{flag}: unknown reference model {name!r} (known: {', '.join(known)})")
+    by_layout = v14 if layout == "v1.4" else v10
     for name in names:
-        exporter, its_layout = (v14 if layout == "v1.4" else v10), layout
+        exporter, its_layout = by_layout, layout
         if name in VLM_CONFIGS:  # 1.4.1's multimodal layout only (qnn_multimodal_runner came after v1.0.1)
             exporter, its_layout = export_vlm, "v1.4"
         if not (exporter.bundle_dir(name, out_dir) / v10.MANIFEST).is_file():
